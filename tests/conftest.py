@@ -1,0 +1,103 @@
+"""Shared fixtures: a fake upstream LLM server and ragproxy in front of it.
+
+Both run in-process on real sockets (port 0), so the wire is real while the
+tests stay fast.  RAGPROXY_PURE=1 in the environment runs everything on the
+stdlib fallbacks.
+"""
+import os
+import sys
+import threading
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# HERE first (fake_upstream); ROOT last, so a ragproxy.py in the working
+# directory (``cd build && python -m pytest ../tests``) wins over the checkout's.
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
+
+import ragproxy  # noqa: E402
+from fake_upstream import FakeUpstream  # noqa: E402
+
+API_KEY = "rp-test-key-0001"
+
+
+@pytest.fixture
+def fake():
+    with FakeUpstream() as upstream:
+        yield upstream
+        assert upstream.errors == [], "the fake upstream itself failed"
+
+
+def proxy_config(fake_url, extra="", auth=True, server=""):
+    """A config with one provider of each type, all served by the fake upstream."""
+    return f"""
+server:
+  client_timeout: 5
+{server}
+api_key_auth: {'true' if auth else 'false'}
+api_keys: [{API_KEY}]
+providers:
+  llm:
+    oa: {{type: openai, base_url: "{fake_url}/v1", api_key: upstream-openai-key, read_timeout: 5}}
+    an: {{type: anthropic, base_url: "{fake_url}", api_key: upstream-anthropic-key, read_timeout: 5}}
+    ol: {{type: ollama, base_url: "{fake_url}", read_timeout: 5}}
+models:
+  - {{name: "claude-*", upstream: an}}
+  - {{name: "gpt-renamed", upstream: oa, upstream_model: real-model-name}}
+  - {{name: "gpt-*", upstream: oa}}
+  - {{name: "via-openai", upstream: oa}}
+  - {{name: "*", upstream: [ol, oa]}}
+{extra}
+"""
+
+
+class RunningProxy:
+    def __init__(self, app, server):
+        self.app, self.server = app, server
+        self.port = server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.app.http.close()
+
+
+@pytest.fixture
+def make_proxy(fake):
+    """make_proxy(config_text=None, **proxy_config_kwargs) -> RunningProxy on port 0."""
+    running = []
+
+    def start(config_text=None, **kwargs):
+        config = ragproxy.Config.from_text(config_text or proxy_config(fake.url, **kwargs))
+        app = ragproxy.App(config)
+        proxy = RunningProxy(app, ragproxy.make_server(app, "127.0.0.1", 0))
+        running.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in running:
+        proxy.close()
+
+
+@pytest.fixture
+def proxy(make_proxy):
+    return make_proxy()
+
+
+@pytest.fixture
+def openai_client(proxy):
+    import openai
+    return openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
+
+
+@pytest.fixture
+def anthropic_client(proxy):
+    import anthropic
+    return anthropic.Anthropic(base_url=proxy.url, api_key=API_KEY, max_retries=0, timeout=10)

@@ -1,0 +1,322 @@
+"""The proxy core, driven by the official openai and anthropic SDKs.
+
+Every call goes client -> ragproxy -> fake upstream over real sockets; the fake
+records what reached it, so each test checks both ends.
+"""
+import base64
+import json
+import struct
+
+import anthropic
+import openai
+import pytest
+
+import ragproxy
+from conftest import API_KEY
+from fake_upstream import ANTHROPIC_OVERLOADED_BODY, OPENAI_RATE_LIMIT_BODY, embed_text
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
+ANTHROPIC_TOOL = {"name": "get_weather", "description": "Weather for a city",
+                  "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                                   "required": ["city"]}}
+
+
+# -- OpenAI chat completions ----------------------------------------------------
+
+def test_chat_non_stream_reaches_upstream_with_provider_key(openai_client, fake):
+    reply = openai_client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hello from the sdk"}])
+    assert reply.choices[0].message.content == "ECHO: hello from the sdk"
+    seen = fake.last
+    assert seen.path == "/v1/chat/completions"
+    assert seen.headers["authorization"] == "Bearer upstream-openai-key"  # never the client's key
+    assert API_KEY not in json.dumps(seen.headers)
+    assert seen.headers["accept-encoding"] == "identity"
+
+
+def test_chat_body_is_forwarded_byte_for_byte_when_unchanged(proxy, fake):
+    import urllib.request
+    body = b'{"model":"gpt-4o","messages":[{"role":"user","content":"x"}],"unknown_field":{"a":[1,2]},"z":1.50}'
+    req = urllib.request.Request(proxy.url + "/v1/chat/completions", data=body, method="POST",
+                                 headers={"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.status == 200
+    assert fake.last.body == body
+
+
+def test_chat_stream_with_usage(openai_client, fake):
+    stream = openai_client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "stream these words please"}],
+        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "ECHO: stream these words please"
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens > 0
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 2  # really streamed
+
+
+def test_chat_stream_tool_call_deltas(openai_client):
+    stream = openai_client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "CALL_TOOL for Paris"}], tools=[TOOL], stream=True)
+    calls, finish = {}, None
+    for chunk in stream:
+        for tc in chunk.choices[0].delta.tool_calls or []:
+            slot = calls.setdefault(tc.index, {"name": "", "args": ""})
+            slot["name"] += tc.function.name or ""
+            slot["args"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert calls[0]["name"] == "get_weather"
+    assert isinstance(json.loads(calls[0]["args"]), dict)
+
+
+def test_model_rename_to_upstream_model(openai_client, fake):
+    reply = openai_client.chat.completions.create(
+        model="gpt-renamed", messages=[{"role": "user", "content": "who am i"}])
+    assert fake.last.json["model"] == "real-model-name"
+    assert reply.choices[0].message.content == "ECHO: who am i"
+
+
+def test_glob_routes_and_catch_all(proxy, fake):
+    app = proxy.app
+    assert app.resolve_route("claude-test-model").upstream == ("an",)
+    assert app.resolve_route("gpt-renamed").name == "gpt-renamed"  # exact beats the gpt-* glob
+    assert app.resolve_route("gpt-5").name == "gpt-*"
+    assert app.resolve_route("llama3.2").name == "*"
+
+
+# -- OpenAI Responses -----------------------------------------------------------
+
+def test_responses_non_stream(openai_client, fake):
+    response = openai_client.responses.create(model="gpt-4o", input="summarise this")
+    assert response.output_text == "ECHO: summarise this"
+    assert fake.last.path == "/v1/responses"
+
+
+def test_responses_stream_events_in_order(openai_client):
+    events = list(openai_client.responses.create(model="gpt-4o", input="stream it", stream=True))
+    types = [e.type for e in events]
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+    assert "response.output_item.done" in types
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "ECHO: stream it"
+
+
+# -- Anthropic messages ---------------------------------------------------------
+
+def test_messages_stream_with_sdk_helper(anthropic_client, fake):
+    with anthropic_client.messages.stream(model="claude-test-model", max_tokens=64,
+                                          system=[{"type": "text", "text": "first block"}],
+                                          messages=[{"role": "user", "content": "hi claude"}]) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(pieces) == final.content[0].text == "ECHO: hi claude"
+    seen = fake.last
+    assert seen.headers["x-api-key"] == "upstream-anthropic-key"
+    assert "authorization" not in seen.headers
+    assert seen.json["system"] == [{"type": "text", "text": "first block"}]
+
+
+def test_messages_create_and_tool_use(anthropic_client):
+    msg = anthropic_client.messages.create(model="claude-haiku", max_tokens=64, tools=[ANTHROPIC_TOOL],
+                                           messages=[{"role": "user", "content": "CALL_TOOL now"}])
+    assert msg.stop_reason == "tool_use"
+    block = [b for b in msg.content if b.type == "tool_use"][0]
+    assert block.name == "get_weather" and isinstance(block.input, dict)
+
+
+def test_messages_beta_query_and_headers_forwarded(proxy, fake):
+    client = anthropic.Anthropic(base_url=proxy.url, api_key=API_KEY, max_retries=0,
+                                 default_headers={"anthropic-beta": "interleaved-thinking-2025-05-14",
+                                                  "X-Ragproxy-KB": "off", "x-app": "cli"})
+    client.beta.messages.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "b"}],
+                                betas=["context-management-2025-06-27"], extra_query={"beta": "true"})
+    seen = fake.last
+    assert seen.query.get("beta") in ("true", ["true"])
+    assert "context-management-2025-06-27" in seen.headers["anthropic-beta"]
+    assert seen.headers["x-app"] == "cli"
+    assert "x-ragproxy-kb" not in seen.headers
+
+
+def test_count_tokens(anthropic_client, fake):
+    result = anthropic_client.messages.count_tokens(model="claude-x",
+                                                    messages=[{"role": "user", "content": "count me"}])
+    assert result.input_tokens > 0
+    assert fake.last.path == "/v1/messages/count_tokens"
+
+
+def test_count_tokens_estimated_locally_for_non_anthropic_upstream(anthropic_client, fake):
+    result = anthropic_client.messages.count_tokens(model="llama3", messages=[{"role": "user", "content": "x"}])
+    assert result.input_tokens > 0
+    assert fake.requests == []  # Ollama has no count_tokens; nothing was sent
+
+
+def test_messages_to_ollama_provider_uses_its_anthropic_endpoint(anthropic_client, fake):
+    msg = anthropic_client.messages.create(model="qwen3-coder", max_tokens=32,
+                                           messages=[{"role": "user", "content": "local model"}])
+    assert msg.content[0].text == "ECHO: local model"
+    assert fake.last.path == "/v1/messages"
+
+
+# -- models and embeddings --------------------------------------------------------
+
+def test_models_list_openai_shape_includes_upstream_models(openai_client):
+    ids = [m.id for m in openai_client.models.list()]
+    assert "gpt-renamed" in ids and "via-openai" in ids
+    assert "fake-model" in ids  # what the catch-all's upstream serves
+    assert "*" not in ids and "gpt-*" not in ids
+
+
+def test_models_list_anthropic_shape(anthropic_client):
+    page = anthropic_client.models.list()
+    ids = [m.id for m in page.data]
+    assert "claude-fake-model" in ids
+    assert all(m.type == "model" for m in page.data)
+
+
+def test_embeddings_default_base64_path(openai_client, fake):
+    result = openai_client.embeddings.create(model="gpt-embed", input=["alpha beta", "gamma"])
+    assert fake.last.json["encoding_format"] == "base64"
+    assert result.data[0].embedding == pytest.approx(embed_text("alpha beta"), abs=1e-6)
+    assert fake.last.path == "/v1/embeddings"
+
+
+# -- errors -------------------------------------------------------------------
+
+def test_upstream_error_forwarded_byte_for_byte(anthropic_client, fake, proxy):
+    fake.fail_next(529, ANTHROPIC_OVERLOADED_BODY, headers={"content-type": "application/json",
+                                                           "retry-after": "3"})
+    import urllib.request, urllib.error
+    req = urllib.request.Request(proxy.url + "/v1/messages", method="POST",
+                                 data=json.dumps({"model": "claude-x", "max_tokens": 5,
+                                                  "messages": [{"role": "user", "content": "x"}]}).encode(),
+                                 headers={"x-api-key": API_KEY, "content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=5)
+    assert info.value.code == 529
+    assert info.value.read() == ANTHROPIC_OVERLOADED_BODY
+    assert info.value.headers["retry-after"] == "3"
+
+
+def test_upstream_rate_limit_surfaces_as_sdk_exception(openai_client, fake):
+    fake.fail_next(429, OPENAI_RATE_LIMIT_BODY, headers={"content-type": "application/json"})
+    with pytest.raises(openai.RateLimitError) as info:
+        openai_client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert info.value.body["code"] == "rate_limit_exceeded"
+
+
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+def test_unknown_model_without_catch_all_is_404_in_api_shape(make_proxy, fake, sdk):
+    from conftest import proxy_config
+    text = proxy_config(fake.url).replace('  - {name: "*", upstream: [ol, oa]}\n', "")
+    p = make_proxy(text)
+    if sdk == "openai":
+        client = openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0)
+        with pytest.raises(openai.NotFoundError) as info:
+            client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+        assert info.value.body["code"] == "model_not_found"
+    else:
+        client = anthropic.Anthropic(base_url=p.url, api_key=API_KEY, max_retries=0)
+        with pytest.raises(anthropic.NotFoundError) as info:
+            client.messages.create(model="nope", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+        assert info.value.body["error"]["type"] == "not_found_error"
+    assert fake.requests == []
+
+
+def test_bad_key_is_401_in_each_shape(proxy, fake):
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=proxy.url + "/v1", api_key="wrong-key-123", max_retries=0).chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.AuthenticationError) as info:
+        anthropic.Anthropic(base_url=proxy.url, api_key="wrong-key-123", max_retries=0).messages.create(
+            model="claude-x", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    assert info.value.body == {"type": "error", "error": {"type": "authentication_error",
+                                                          "message": "invalid API key"}}
+    assert fake.requests == []
+
+
+def test_auth_off_needs_no_key(make_proxy, fake):
+    p = make_proxy(auth=False)
+    client = openai.OpenAI(base_url=p.url + "/v1", api_key="anything", max_retries=0)
+    assert client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "open"}]) \
+        .choices[0].message.content == "ECHO: open"
+
+
+def test_upstream_unreachable_is_502(make_proxy):
+    from conftest import proxy_config
+    p = make_proxy(proxy_config("http://127.0.0.1:9"))  # discard port: nothing listens
+    with pytest.raises(anthropic.APIStatusError) as info:
+        anthropic.Anthropic(base_url=p.url, api_key=API_KEY, max_retries=0).messages.create(
+            model="claude-x", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 502
+    assert info.value.body["type"] == "error" and info.value.body["error"]["type"] == "api_error"
+
+
+def test_upstream_timeout_is_504(make_proxy, fake):
+    from conftest import proxy_config
+    p = make_proxy(proxy_config(fake.url).replace("read_timeout: 5", "read_timeout: 0.3"))
+    fake.delay = 1.0
+    with pytest.raises(openai.APIStatusError) as info:
+        openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0).chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 504
+    assert info.value.body["code"] == "upstream_timeout"
+
+
+# -- failures after the stream began --------------------------------------------
+
+def test_openai_stream_drop_reported_in_band(openai_client, fake):
+    fake.drop_after_events = 2
+    stream = openai_client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "one two three four five"}], stream=True)
+    with pytest.raises(openai.APIError) as info:
+        list(stream)
+    assert "upstream failed mid-stream" in str(info.value)
+
+
+def test_anthropic_stream_drop_reported_as_error_event(anthropic_client, fake):
+    fake.drop_after_events = 3
+    with pytest.raises(anthropic.APIStatusError) as info:
+        with anthropic_client.messages.stream(model="claude-x", max_tokens=64,
+                                              messages=[{"role": "user", "content": "a b c d e"}]) as s:
+            list(s.text_stream)
+    assert "upstream failed mid-stream" in str(info.value)
+
+
+def test_responses_stream_drop_becomes_response_failed(openai_client, fake):
+    fake.drop_after_events = 4
+    events = list(openai_client.responses.create(model="gpt-4o", input="a b c d e f", stream=True))
+    assert events[-1].type == "response.failed"
+    assert events[-1].sequence_number == events[-2].sequence_number + 1
+    assert events[-1].response.id == events[0].response.id
+    assert "upstream failed mid-stream" in events[-1].response.error.message
+
+
+def test_client_disconnect_closes_upstream(proxy, fake):
+    import socket
+    fake.hang_after_events = 2
+    body = json.dumps({"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "x y z"}]})
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    sock.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY +
+                  "\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+    assert b"200 OK" in sock.recv(65536)  # headers (and maybe the first events) arrived
+    sock.close()
+    assert fake.wait_for_disconnect(timeout=3), "the proxy kept the upstream stream open"
+
+
+# -- the rewrite hook ------------------------------------------------------------
+
+def test_rewriters_can_change_the_request_and_add_headers(proxy, openai_client, fake):
+    def inject(exchange):
+        exchange.payload["messages"].insert(0, {"role": "system", "content": "CONTEXT-123"})
+        exchange.changed = True
+        exchange.response_headers.append(("X-Ragproxy-Sources", "doc#1"))
+
+    proxy.app.rewriters.append(inject)
+    raw = openai_client.chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "q"}])
+    assert raw.headers["x-ragproxy-sources"] == "doc#1"
+    assert fake.last.json["messages"][0] == {"role": "system", "content": "CONTEXT-123"}
+    assert int(fake.last.headers["content-length"]) == len(fake.last.body)
