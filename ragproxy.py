@@ -161,7 +161,9 @@ _YAML_ESCAPES = {"0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\
                  "f": "\f", "r": "\r", "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\",
                  "N": "\x85", "_": "\xa0", "L": "\u2028", "P": "\u2029"}
 _YAML_HEX_WIDTH = {"x": 2, "u": 4, "U": 8}
-_YAML_NON_PRINTABLE = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+# Control characters, and the Unicode line breaks NEL, LS and PS (YAML would
+# count lines differently from every editor); both paths refuse them up front.
+_YAML_BAD_CHARACTER = re.compile("[^\t\n\r\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _YAML_UNSUPPORTED = {
     "&": "anchors ('&') are not supported",
     "*": "aliases ('*') are not supported",
@@ -224,9 +226,9 @@ def load_yaml(text):
     """Like parse_yaml(), but read by PyYAML's SafeLoader when it is available."""
     if _yaml is None:
         return parse_yaml(text)
-    loader = None
+    _yaml_check_characters(text)
+    loader = _strict_safe_loader(_yaml)(text)
     try:
-        loader = _strict_safe_loader(_yaml)(text)   # the reader checks characters here
         node = loader.get_single_node()
         positions = {}
         if node is None or _pyyaml_is_empty(node):
@@ -239,14 +241,12 @@ def load_yaml(text):
         if exc.problem and exc.context:
             msg = "%s (%s)" % (exc.problem, exc.context)
         raise YAMLError(msg, *_pyyaml_mark(mark)) from None
-    except _yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
-        raise YAMLError("unacceptable character #x%04x: %s" % (ord(exc.character), exc.reason),
-                        line, col) from None
+    except YAMLError:
+        raise
+    except ValueError as exc:   # e.g. "\U00110000": PyYAML's scanner lets chr() fail
+        raise YAMLError(str(exc), *_pyyaml_mark(loader.get_mark())) from None
     finally:
-        if loader is not None:
-            loader.dispose()
+        loader.dispose()
 
 
 @functools.lru_cache(maxsize=None)
@@ -260,6 +260,15 @@ def _strict_safe_loader(yaml_module):
     return type("StrictSafeLoader", (yaml_module.SafeLoader,), {
         "fetch_anchor": refuse("&"), "fetch_alias": refuse("*"), "fetch_tag": refuse("!"),
         "fetch_key": refuse("?"), "fetch_directive": refuse("%")})
+
+
+def _yaml_check_characters(text):
+    bad = _YAML_BAD_CHARACTER.search(text)
+    if bad:
+        at = bad.start()
+        raise YAMLError("character U+%04X is not allowed; write it as an escape in a double-quoted"
+                        " string" % ord(bad.group()), text.count("\n", 0, at) + 1,
+                        at - text.rfind("\n", 0, at))
 
 
 def _pyyaml_mark(mark):
@@ -361,6 +370,7 @@ class _YamlParser:
     character), so callers decide by that character's column."""
 
     def __init__(self, text):
+        _yaml_check_characters(text)
         if text.startswith("\ufeff"):
             text = text[1:]
         text = text.replace("\r\n", "\n").replace("\r", "\n")
@@ -431,13 +441,12 @@ class _YamlParser:
 
     # -- document and block structure ------------------------------------------
     def parse(self):
-        bad = _YAML_NON_PRINTABLE.search(self.text, 0, self.end)
-        if bad:
-            raise self.error("unacceptable character #x%04x" % ord(bad.group()), bad.start())
         text = self.text
         pos = self.skip_void(0)
         if text[pos] == "%":
             raise self.error(_YAML_UNSUPPORTED["%"], pos)
+        if text[pos] == "." and self.at_marker(pos):
+            raise self.error("'...' ends a document that never started", pos)
         where = "line"
         if text.startswith("---", pos) and self.at_marker(pos):
             pos, where = self.skip_spaces(pos + 3), "doc"
@@ -447,9 +456,9 @@ class _YamlParser:
         if self.level(pos) >= 0:
             self.positions[()] = self.mark(pos)
             data, pos = self.node(pos, -1, (), where)
-        ended = text.startswith("...", pos) and self.at_marker(pos)
-        if ended:
-            pos = self.end_of_line(pos + 3)
+        ended = False
+        while text[pos] == "." and self.at_marker(pos):
+            ended, pos = True, self.end_of_line(pos + 3)
         if pos < self.end:
             if ended or self.at_marker(pos):
                 raise self.error("multiple documents are not supported", pos)
@@ -767,6 +776,8 @@ class _YamlParser:
             raise self.error("duplicate key %r" % (key,), pos)
         self.positions[path + (key,)] = self.mark(pos)
         value, colon = None, self.skip_spaces(end)
+        if text[colon] == ":" and "\n" in text[pos:end]:
+            raise self.error("a mapping key must be on a single line", colon)
         if text[colon] == ":":
             end = self.flow_void(colon + 1, start)
             if text[end] not in ",]}":
@@ -1749,9 +1760,9 @@ class App:
                 return provider
         return candidates[0]
 
-    def _catch_all_provider(self):
+    def _catch_all_provider(self, dialect):
         route = self.resolve_route("")  # only "*" matches the empty name
-        return self._pick_provider(route, "openai") if route else None
+        return self._pick_provider(route, dialect) if route else None
 
     # -- proxied calls ------------------------------------------------------
 
@@ -1809,7 +1820,7 @@ class App:
                 if isinstance(payload, dict) and isinstance(payload.get("model"), str):
                     route = self.resolve_route(payload["model"])
                     provider = route and self._pick_provider(route, dialect)
-        provider = provider or self._catch_all_provider()
+        provider = provider or self._catch_all_provider(dialect)
         if provider is None:
             raise ClientError(404, f"no upstream for {request.method} {path}: no model given and no '*' route")
         if path.startswith("/api/") and provider.type != "ollama":
@@ -1899,7 +1910,7 @@ class App:
             return []
 
     def _ollama_listing(self, request, path):
-        provider = self._catch_all_provider()
+        provider = self._catch_all_provider("ollama")
         if provider is not None and provider.type == "ollama":
             with contextlib.suppress(UpstreamError):
                 resp = self._send(request, "ollama", provider, "GET", provider.base_url + path, None, [])

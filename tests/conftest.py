@@ -32,11 +32,10 @@ def fake():
         assert upstream.errors == [], "the fake upstream itself failed"
 
 
-def proxy_config(fake_url, extra="", auth=True, server=""):
+def proxy_config(fake_url, extra="", auth=True, server="  client_timeout: 5"):
     """A config with one provider of each type, all served by the fake upstream."""
     return f"""
 server:
-  client_timeout: 5
 {server}
 api_key_auth: {'true' if auth else 'false'}
 api_keys: [{API_KEY}]

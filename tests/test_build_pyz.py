@@ -3,6 +3,7 @@
 Builds go to temporary directories through the tool's command line, as a
 maintainer runs it; the archive is then run the way a user runs it.
 """
+import glob
 import hashlib
 import os
 import re
@@ -26,8 +27,8 @@ def _env(**changes):
     return env
 
 
-def build(out, *extra, **env):
-    proc = subprocess.run([sys.executable, TOOL, "--out", str(out)] + list(extra),
+def build(out, *extra, python=sys.executable, **env):
+    proc = subprocess.run([python, TOOL, "--out", str(out)] + list(extra),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
                           env=_env(**env))
     assert proc.returncode == 0, proc.stderr
@@ -60,6 +61,16 @@ def test_two_builds_are_byte_identical(pyz, tmp_path):
     build(again)
     assert sha256(again) == sha256(pyz)
     assert again.read_bytes() == pyz.read_bytes()
+
+
+@pytest.mark.parametrize("minor", ["3.9", "3.13"])
+def test_oldest_and_newest_python_build_the_same_bytes(pyz, tmp_path, minor):
+    found = glob.glob("/root/.pyenv/versions/%s.*/bin/python3" % minor)
+    if not found:
+        pytest.skip("Python %s is not installed here" % minor)
+    out = tmp_path / "ragproxy.pyz"
+    build(out, python=found[0])
+    assert sha256(out) == sha256(pyz)
 
 
 def test_source_mtimes_and_caches_do_not_change_the_bytes(pyz, tmp_path):
@@ -103,6 +114,7 @@ def test_entries_have_fixed_metadata_and_round_trip(pyz):
         for info in zf.infolist():
             assert info.date_time == (1980, 1, 1, 0, 0, 0), info.filename
             assert info.external_attr >> 16 == 0o100644, info.filename
+            assert info.create_system == 3, info.filename  # "Unix", whatever OS built it
             assert info.compress_type == zipfile.ZIP_DEFLATED, info.filename
         assert zf.read("ragproxy.py") == open(os.path.join(ROOT, "ragproxy.py"), "rb").read()
         assert zf.read("vendored/yaml/__init__.py") == \

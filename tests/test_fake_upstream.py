@@ -2,7 +2,8 @@
 
 The official openai and anthropic SDKs are pointed straight at it; raw sockets check
 the bytes on the wire where the SDKs would hide them.  SDK tests are skipped on an
-interpreter without the SDKs (the raw ones still run).
+interpreter without the SDKs (the raw ones still run).  The ``fake`` fixture is in
+conftest.py.
 """
 
 import base64
@@ -18,7 +19,6 @@ import pytest
 from fake_upstream import (
     ANTHROPIC_OVERLOADED_BODY,
     OPENAI_RATE_LIMIT_BODY,
-    FakeUpstream,
     embed_text,
     last_user_text,
 )
@@ -32,13 +32,6 @@ WEATHER_RESPONSES_TOOL = dict(WEATHER_CHAT_TOOL["function"], type="function")
 WEATHER_ANTHROPIC_TOOL = {"name": "get_weather", "description": "Weather for a city",
                           "input_schema": WEATHER_CHAT_TOOL["function"]["parameters"]}
 EXPECTED_ARGS = {"city": "fake", "days": 1}
-
-
-@pytest.fixture
-def fake():
-    with FakeUpstream() as server:
-        yield server
-        assert server.errors == []
 
 
 @pytest.fixture

@@ -74,7 +74,7 @@ def collect(root):
 
 def _entry(arcname, date_time):
     info = zipfile.ZipInfo(arcname, date_time=date_time)
-    info.create_system = 0  # "Unix", so external_attr means the same everywhere
+    info.create_system = 3  # "Unix", so external_attr means the same everywhere
     info.external_attr = _FILE_MODE << 16
     info.compress_type = zipfile.ZIP_DEFLATED
     return info

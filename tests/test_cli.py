@@ -1,0 +1,179 @@
+"""The command line, run as users run it: a subprocess of ragproxy.py or the .pyz.
+
+Smoke checks run for the plain file and the built zipapp, in accelerated and
+pure mode: first start creates the data directory, a chat completion goes
+through, SIGHUP reloads, SIGTERM stops cleanly.
+"""
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import API_KEY
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "ragproxy.py")
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist") / "ragproxy.pyz"
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "build_pyz.py"), "--out", str(out)],
+                   check=True, stdout=subprocess.PIPE)
+    return str(out)
+
+
+def _env(pure):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGPROXY_")}
+    if pure:
+        env["RAGPROXY_PURE"] = "1"
+    return env
+
+
+class Proc:
+    """A running ragproxy; ``url`` is parsed from its startup log line."""
+
+    def __init__(self, argv, env):
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                  universal_newlines=True)
+        self.log = []
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            line = self.p.stderr.readline()
+            if not line:
+                break
+            self.log.append(line)
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                self.url = m.group(1)
+                return
+        self.p.kill()
+        raise AssertionError("ragproxy did not start:\n" + "".join(self.log) + self.p.stderr.read())
+
+    def read_log_until(self, pattern, timeout=10):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            line = self.p.stderr.readline()
+            self.log.append(line)
+            if re.search(pattern, line):
+                return line
+        raise AssertionError(f"no log line matching {pattern!r}:\n" + "".join(self.log))
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            return self.p.wait(timeout=10)
+        finally:
+            if self.p.poll() is None:
+                self.p.kill()
+
+
+def _get(url, key=API_KEY):
+    req = urllib.request.Request(url, headers={"Authorization": "Bearer " + key})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["accelerated", "pure"])
+@pytest.mark.parametrize("form", ["script", "pyz"])
+def test_smoke_first_start_proxy_reload_stop(tmp_path, fake, pyz, form, pure):
+    data = tmp_path / "data"
+    argv = [sys.executable, SCRIPT if form == "script" else pyz, "--data-dir", str(data), "--port", "0"]
+    proc = Proc(argv, _env(pure))
+    try:
+        key = re.search(r"API key (\S+)", "".join(proc.log)).group(1)
+        assert (data / "config" / "config.yaml").exists()
+        secret = data / "config" / "secret_key.yaml"
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+        for sub in ("vectordb", "documents", "cache/embedding", "cache/rerank", "logs"):
+            assert (data / sub).is_dir()
+        health = _get(proc.url + "/health")
+        assert health["features"]["pure"] is pure
+        # Point the catch-all at the fake upstream and reload with SIGHUP.
+        config = data / "config" / "config.yaml"
+        config.write_text(config.read_text().replace("http://127.0.0.1:11434", fake.url)
+                          .replace("reload_interval: 2", "reload_interval: 0"))
+        proc.p.send_signal(signal.SIGHUP)
+        proc.read_log_until("config reloaded")
+        req = urllib.request.Request(proc.url + "/v1/chat/completions", method="POST",
+                                     data=json.dumps({"model": "llama3", "messages": [
+                                         {"role": "user", "content": "through the binary"}]}).encode(),
+                                     headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert json.loads(resp.read())["choices"][0]["message"]["content"] == "ECHO: through the binary"
+        # A broken edit is logged and the old config keeps serving.
+        config.write_text(config.read_text() + "\nbogus_key: 1\n")
+        proc.p.send_signal(signal.SIGHUP)
+        proc.read_log_until("config reload failed")
+        assert _get(proc.url + "/health", key)["status"] == "ok"
+    finally:
+        assert proc.stop() == 0
+    assert (data / "logs" / "rag-proxy.log").stat().st_size > 0
+
+
+def test_config_file_change_is_picked_up_by_polling(tmp_path):
+    data = tmp_path / "d"
+    proc = Proc([sys.executable, SCRIPT, "--data-dir", str(data), "--port", "0"], _env(False))
+    try:
+        config = data / "config" / "config.yaml"
+        config.write_text(config.read_text().replace("reload_interval: 2", "reload_interval: 0.2")
+                          .replace("top_k: 5", "top_k: 7"))
+        proc.read_log_until("config reloaded", timeout=10)
+    finally:
+        proc.stop()
+
+
+def test_version_names_accelerators(pyz):
+    out = subprocess.run([sys.executable, SCRIPT, "--version"], stdout=subprocess.PIPE, env=_env(False),
+                         universal_newlines=True).stdout
+    assert out.startswith("ragproxy ") and "Python" in out
+    pure = subprocess.run([sys.executable, pyz, "--version"], stdout=subprocess.PIPE, env=_env(True),
+                          universal_newlines=True).stdout
+    assert "pure mode" in pure
+
+
+def test_invalid_config_refuses_to_start_and_says_where(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("server:\n  prot: 1\n")
+    p = subprocess.run([sys.executable, SCRIPT, "--data-dir", str(tmp_path / "d"), "--config", str(bad)],
+                       stderr=subprocess.PIPE, universal_newlines=True, env=_env(False), timeout=20)
+    assert p.returncode == 2
+    assert "c.yaml:2: server.prot: unknown key (did you mean 'port'?)" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_public_host_without_auth_is_refused(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("api_key_auth: false\nproviders:\n  llm:\n    o: {type: ollama, base_url: 'http://h:1'}\n"
+                   "models:\n  - {name: '*', upstream: o}\n")
+    p = subprocess.run([sys.executable, SCRIPT, "--data-dir", str(tmp_path / "d"), "--config", str(cfg),
+                        "--host", "0.0.0.0", "--port", "0"],
+                       stderr=subprocess.PIPE, universal_newlines=True, env=_env(False), timeout=20)
+    assert p.returncode == 2 and "api_key_auth" in p.stderr and "api_keys" in p.stderr
+
+
+def test_env_port_and_cli_precedence(tmp_path):
+    env = _env(False)
+    env.update(RAGPROXY_PORT="0", RAGPROXY_DATA_DIR=str(tmp_path / "envdata"), RAGPROXY_LOG_LEVEL="debug")
+    proc = Proc([sys.executable, SCRIPT], env)
+    try:
+        assert (tmp_path / "envdata" / "config" / "config.yaml").exists()
+    finally:
+        proc.stop()
+    bad = dict(env, RAGPROXY_PORT="not-a-port")
+    p = subprocess.run([sys.executable, SCRIPT], stderr=subprocess.PIPE, universal_newlines=True, env=bad,
+                       timeout=20)
+    assert p.returncode == 2 and "RAGPROXY_PORT" in p.stderr
+
+
+def test_missing_explicit_config_is_an_error(tmp_path):
+    p = subprocess.run([sys.executable, SCRIPT, "--data-dir", str(tmp_path), "--config", str(tmp_path / "no.yaml")],
+                       stderr=subprocess.PIPE, universal_newlines=True, env=_env(False), timeout=20)
+    assert p.returncode == 2 and "does not exist" in p.stderr
