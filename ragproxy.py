@@ -191,7 +191,8 @@ def parse_yaml(text):
     root) to the 1-based ``(line, col)`` where the value starts; for a mapping
     value, where its key starts.  Grammar (one document; indentation is spaces)::
 
-        document     ::= [ "---" ] [ node ] [ "..." ]
+        document     ::= [ "---" ] [ node ] { "..." }   "--- " may share a line
+                                                   with a scalar or flow node
         node         ::= block-map | block-seq | block-scalar | flow-node
         block-map    ::= ( key ":" value )+        keys in one column, one per line
         key          ::= plain | single | double    on one line
@@ -209,15 +210,18 @@ def parse_yaml(text):
         escape       ::= \\ \" \/ \0 \a \b \t \n \v \f \r \e \N \_ \L \P "\ "
                        | \xXX | \uXXXX | \UXXXXXXXX | \ line-break
 
-    Plain, quoted and flow scalars may span lines (folded to spaces).  Plain
+    Plain and quoted scalars and flow collections may span lines (line breaks
+    fold to spaces, blank lines to newlines).  Plain
     scalars resolve like PyYAML's SafeLoader (YAML 1.1): null ``~ null Null NULL``
     and empty; bool ``true false yes no on off`` in lower, Capitalised and UPPER
     case; int ``12 0x1F 017 0b101 1_000 1:30``; float ``1.5 1.0e+3 .5 .inf .nan``
     (``1e3`` and ``0o17`` stay strings); ``2024-01-31`` dates and timestamps.
     Comments start at ``#`` after whitespace.  Not supported, each a YAMLError
-    at the offending character: anchors, aliases, tags, ``? `` keys, merge keys,
-    directives, several documents, tabs outside quoted/block scalars and
-    comments.  Stricter than PyYAML: a duplicate key is an error.
+    at the offending character: anchors, aliases, tags, ``? `` and empty keys,
+    collections as keys, merge keys, directives, several documents, tabs outside
+    quoted/block scalars and comments, control characters and the Unicode line
+    breaks U+0085/U+2028/U+2029.  Stricter than PyYAML: a duplicate key is an
+    error.  load_yaml() refuses the same things when it reads with PyYAML.
     """
     return _YamlParser(text).parse()
 
@@ -238,12 +242,13 @@ def load_yaml(text):
     except _yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         msg = exc.problem or exc.context or "invalid YAML"
-        if exc.problem and exc.context:
-            msg = "%s (%s)" % (exc.problem, exc.context)
+        if exc.problem and exc.context:   # "but found ..." continues its context
+            form = "%(context)s, %(problem)s" if msg.startswith("but ") else "%(problem)s (%(context)s)"
+            msg = form % {"context": exc.context, "problem": exc.problem}
         raise YAMLError(msg, *_pyyaml_mark(mark)) from None
     except YAMLError:
         raise
-    except ValueError as exc:   # e.g. "\U00110000": PyYAML's scanner lets chr() fail
+    except (ValueError, OverflowError) as exc:   # "\U00110000": PyYAML's scanner lets chr() fail
         raise YAMLError(str(exc), *_pyyaml_mark(loader.get_mark())) from None
     finally:
         loader.dispose()
@@ -535,12 +540,18 @@ class _YamlParser:
         if self.text[pos] not in "#\n\0":
             return self.node(pos, indent, path, "key")
         pos = self.skip_void(pos)
-        level = self.level(pos)
-        if level > indent:
+        if self.owns_next_line(pos, indent):
             return self.node(pos, indent, path, "line")
-        if level == indent and self.is_entry(pos):   # "key:\n- item", as PyYAML allows
+        if self.level(pos) == indent and self.is_entry(pos):   # "key:\n- item", as PyYAML allows
             return self.block_sequence(pos, indent, path, indentless=True)
         return None, pos
+
+    def owns_next_line(self, pos, indent):
+        """Whether the node at pos is the value of an entry (of the collection at
+        ``indent``) that has nothing after its ":" or "-"."""
+        level = self.level(pos)
+        # PyYAML also takes a block scalar header in the collection's own column.
+        return level > indent or (level == indent and self.text[pos] in "|>")
 
     def block_sequence(self, pos, indent, path, indentless):
         text = self.text
@@ -553,7 +564,7 @@ class _YamlParser:
                 value, pos = self.node(start, indent, item_path, "dash")
             else:
                 pos = self.skip_void(start)
-                if self.level(pos) > indent:
+                if self.owns_next_line(pos, indent):
                     self.positions[item_path] = self.mark(pos)
                     value, pos = self.node(pos, indent, item_path, "line")
                 else:   # an empty entry; PyYAML places it just after the dash
@@ -732,13 +743,15 @@ class _YamlParser:
             chunks.append("\n" * blanks)
             return resume
         width = _YAML_HEX_WIDTH.get(char)
-        digits = text[pos + 2:pos + 2 + (width or 0)]
-        if width and re.fullmatch("[0-9a-fA-F]{%d}" % width, digits) and int(digits, 16) <= 0x10FFFF:
-            chunks.append(chr(int(digits, 16)))
-            return pos + 2 + width
-        if width:
+        if width is None:
+            raise self.error("unknown escape sequence '\\%s'" % char, pos)
+        digits = text[pos + 2:pos + 2 + width]
+        if not re.fullmatch("[0-9a-fA-F]{%d}" % width, digits):
             raise self.error("expected %d hexadecimal digits after \\%s" % (width, char), pos)
-        raise self.error("unknown escape sequence %r" % ("\\" + char), pos)
+        if int(digits, 16) > 0x10FFFF:
+            raise self.error("\\%s%s is beyond the last Unicode character" % (char, digits), pos)
+        chunks.append(chr(int(digits, 16)))
+        return pos + 2 + width
 
     # -- flow collections ------------------------------------------------------
     def flow_collection(self, pos, path):
@@ -1384,6 +1397,7 @@ class _HTTPClientPool:
 
     def _wrap(self, conn, resp, key):
         def release():
+            resp.close()  # marks the exchange finished; Python 3.9 otherwise refuses the next request
             if resp.will_close:
                 conn.close()
                 return

@@ -129,3 +129,24 @@ def test_write_default_config_creates_a_loadable_file(tmp_path):
     key = ragproxy.write_default_config(path)
     config = ragproxy.Config.load(path, environ={})
     assert config.api_keys[0]["key"] == key and key.startswith("rp-")
+
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def _example_configs():
+    found = []
+    for dirpath, _, names in os.walk(EXAMPLES):
+        found += [os.path.join(dirpath, n) for n in sorted(names) if n.endswith((".yaml", ".yml"))]
+    return found
+
+
+@pytest.mark.parametrize("path", _example_configs(), ids=os.path.basename)
+def test_example_configs_validate_and_parse_the_same_both_ways(path):
+    text = open(path, encoding="utf-8").read()
+    env = {"RAGPROXY_TEAM_KEY": "team-key-123", "ANTHROPIC_API_KEY": "a", "GATEWAY_KEY": "g"}
+    config = ragproxy.Config.from_text(text, source=path, environ=env)
+    assert config.models
+    ours, _ = ragproxy.parse_yaml(text)
+    yaml = pytest.importorskip("yaml")
+    assert ours == yaml.safe_load(text)
