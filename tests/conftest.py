@@ -70,12 +70,16 @@ class RunningProxy:
 
 @pytest.fixture
 def make_proxy(fake):
-    """make_proxy(config_text=None, **proxy_config_kwargs) -> RunningProxy on port 0."""
+    """make_proxy(config_text=None, data_dir=None, **proxy_config_kwargs) -> RunningProxy on port 0.
+
+    With a data_dir the app has its knowledge bases; tests index them explicitly
+    (app.knowledge_bases.index_all()) instead of starting the background indexer.
+    """
     running = []
 
-    def start(config_text=None, **kwargs):
+    def start(config_text=None, data_dir=None, **kwargs):
         config = ragproxy.Config.from_text(config_text or proxy_config(fake.url, **kwargs))
-        app = ragproxy.App(config)
+        app = ragproxy.App(config, data_dir=None if data_dir is None else str(data_dir))
         proxy = RunningProxy(app, ragproxy.make_server(app, "127.0.0.1", 0))
         running.append(proxy)
         return proxy

@@ -1,0 +1,548 @@
+"""Context injection: query extraction, turn keys, rendering and where the context goes.
+
+Request bodies are shaped like what Claude Code, Codex CLI, Aider, the SDKs
+and Ollama clients send (docs/clients.md in the shared notes).
+"""
+import copy
+import json
+
+import pytest
+
+import ragproxy
+
+CONTEXT = "Reference material.\n<context>\n[1] docs/retry.md (abc123)\nUse Retry(total=3).\n</context>\n"
+REMINDER = ("<system-reminder>\nAs you answer the user's questions, you can use the following context:\n"
+            "# claudeMd\nCodebase and user instructions are shown below.\n"
+            "Contents of /repo/CLAUDE.md:\nRun `make test` before committing.\n</system-reminder>\n")
+CC_PROMPT = "Why does `parse_config()` raise KeyError: 'upstream' in src/ragproxy/config.py?"
+CODEX_PROMPT = "Add retry with exponential backoff to fetch_index() in src/net/client.py"
+
+
+def dumps(value):
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def without_cache_control(value):
+    if isinstance(value, dict):
+        return {k: without_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [without_cache_control(v) for v in value]
+    return value
+
+
+# -- realistic request bodies, one agent-loop round at a time ------------------
+
+def claude_code_request(rounds, volatile=True):
+    """Claude Code: billing block first, cached system blocks, user turn = [system-reminder block,
+    prompt block], then tool rounds.  ``volatile``: like the real client, rehash the billing block
+    per request and put cache_control on the newest block."""
+    system = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.a1f; cc_entrypoint=cli; "
+                                 "cch=%05d;" % (rounds * 7919 % 100000 if volatile else 0)},
+        {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude.",
+         "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "You are an interactive CLI tool that helps users with software engineering tasks.",
+         "cache_control": {"type": "ephemeral"}},
+    ]
+    messages = [{"role": "user", "content": [{"type": "text", "text": REMINDER},
+                                             {"type": "text", "text": CC_PROMPT}]}]
+    for r in range(rounds):
+        messages.append({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "I should read the config loader.", "signature": "EqQBCkYI%d" % r},
+            {"type": "text", "text": "Let me look at the loader."},
+            {"type": "tool_use", "id": "toolu_01A%d" % r, "name": "Read",
+             "input": {"file_path": "/repo/src/ragproxy/config.py"}}]})
+        result = [{"type": "tool_result", "tool_use_id": "toolu_01A%d" % r,
+                   "content": "     1\tdef parse_config(raw):\n     2\t    return raw['upstream']\n"}]
+        if r == 1:  # Claude Code attaches reminders to tool results too
+            result.append({"type": "text", "text": "<system-reminder>\nThe TodoWrite tool hasn't been used "
+                                                   "recently.\n</system-reminder>"})
+        messages.append({"role": "user", "content": result})
+    if volatile:
+        messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return {
+        "model": "claude-sonnet-4-5-20250929", "max_tokens": 32000, "stream": True,
+        "system": system, "messages": messages,
+        "tools": [{"name": "Read", "description": "Reads a file.", "input_schema": {
+            "type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}],
+        "metadata": {"user_id": json.dumps({"device_id": "d1", "session_id": "s1"})},
+        "thinking": {"type": "adaptive"}, "context_management": {"edits": []},
+    }
+
+
+def codex_request(rounds):
+    """Codex CLI: developer message, AGENTS.md and <environment_context> user messages, the prompt,
+    then reasoning / function_call / function_call_output items; no instructions field."""
+    items = [
+        {"type": "message", "role": "developer", "content": [
+            {"type": "input_text", "text": "<permissions instructions>\nFilesystem sandboxing: workspace-write."
+                                          "\n</permissions instructions>"}]},
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "# AGENTS.md instructions for /repo\n\n<INSTRUCTIONS>\n"
+                                          "Run pytest before finishing.\n</INSTRUCTIONS>"}]},
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "<environment_context>\n  <cwd>/repo</cwd>\n  <shell>bash</shell>\n"
+                                          "</environment_context>"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": CODEX_PROMPT}]},
+    ]
+    for r in range(rounds):
+        items += [
+            {"type": "reasoning", "id": "rs_%d" % r, "summary": [], "encrypted_content": "gAAAAB%d==" % r},
+            {"type": "function_call", "id": "fc_%d" % r, "call_id": "call_%d" % r, "name": "shell",
+             "arguments": json.dumps({"command": ["bash", "-lc", "sed -n 1,80p src/net/client.py"]})},
+            {"type": "function_call_output", "call_id": "call_%d" % r,
+             "output": "def fetch_index(url):\n    return urlopen(url).read()\n"},
+        ]
+    return {"model": "gpt-5-codex", "input": items, "tools": [
+        {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}},
+        {"type": "web_search"}], "tool_choice": "auto", "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"}, "store": False, "stream": True,
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "0199a1b2-c3d4"}
+
+
+def chat_request(rounds):
+    """An OpenAI-compatible agent (Cline, Continue, the SDK with tools)."""
+    messages = [{"role": "system", "content": "You are a coding assistant."},
+                {"role": "user", "content": "How do I configure the retry policy in urllib3.PoolManager?"}]
+    for r in range(rounds):
+        messages.append({"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_%d" % r, "type": "function",
+            "function": {"name": "read_file", "arguments": json.dumps({"path": "setup.cfg"})}}]})
+        messages.append({"role": "tool", "tool_call_id": "call_%d" % r, "content": "[metadata]\nname = demo\n"})
+    return {"model": "qwen2.5-coder:7b", "messages": messages, "stream": True,
+            "tools": [{"type": "function", "function": {"name": "read_file", "parameters": {}}}]}
+
+
+def aider_request():
+    return {"model": "gpt-4o", "stream": True, "messages": [
+        {"role": "system", "content": "Act as an expert software developer."},
+        {"role": "user", "content": "Change get_factorial() to use math.factorial"},
+        {"role": "assistant", "content": "To make this change we need to modify `mathweb/flask/app.py`."},
+        {"role": "user", "content": "I switched to a new code base."},
+        {"role": "assistant", "content": "Ok."},
+        {"role": "user", "content": "Fix the off-by-one in paginate() in app/views.py\n\n"
+                                    "# *SEARCH/REPLACE block* Rules:\nEvery block must use this format."},
+    ]}
+
+
+LOOPS = {
+    "messages": (claude_code_request, "messages"),
+    "responses": (codex_request, "input"),
+    "chat": (chat_request, "messages"),
+    "ollama_chat": (chat_request, "messages"),
+}
+
+
+# -- extract_query -------------------------------------------------------------
+
+@pytest.mark.parametrize("rounds", [0, 1, 2])
+def test_claude_code_query_is_the_prompt_without_reminders(rounds):
+    assert ragproxy.extract_query("messages", claude_code_request(rounds)) == CC_PROMPT
+
+
+@pytest.mark.parametrize("rounds", [0, 2])
+def test_codex_query_skips_developer_agents_md_environment_and_tool_output(rounds):
+    assert ragproxy.extract_query("responses", codex_request(rounds)) == CODEX_PROMPT
+
+
+def test_chat_query_skips_tool_messages_and_keeps_code_intact():
+    assert ragproxy.extract_query("chat", chat_request(2)) == \
+        "How do I configure the retry policy in urllib3.PoolManager?"
+    trace = ("Traceback (most recent call last):\n  File \"/srv/app/main.py\", line 42, in <module>\n"
+             "    cfg = parse_config(raw)  # {raw!r}\nKeyError: 'upstream'")
+    body = {"messages": [{"role": "user", "content": "  " + trace + "\n"}]}
+    assert ragproxy.extract_query("chat", body) == trace
+
+
+def test_reminder_span_inside_a_string_is_removed():
+    body = {"messages": [{"role": "user", "content": "Explain <system-reminder>ignore\nthis</system-reminder>"
+                                                     "the `--dry-run` flag"}]}
+    assert ragproxy.extract_query("messages", body) == "Explain the `--dry-run` flag"
+
+
+def test_images_and_none_content_are_skipped():
+    body = {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is in this diagram?"},
+                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}}]},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": None},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
+    ]}
+    assert ragproxy.extract_query("chat", body) == "What is in this diagram?"
+
+
+def test_responses_role_only_items_and_string_input():
+    body = {"input": [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"},
+                      {"role": "user", "content": [{"type": "input_text", "text": "second"},
+                                                   {"type": "input_image", "image_url": "data:,"}]}]}
+    assert ragproxy.extract_query("responses", body) == "second"
+    assert ragproxy.extract_query("responses", {"input": "Summarise README.md"}) == "Summarise README.md"
+
+
+def test_sources_last_message_and_all_user():
+    body = chat_request(1)
+    assert ragproxy.extract_query("chat", body, "last_message") == "[metadata]\nname = demo"
+    assert ragproxy.extract_query("messages", claude_code_request(1), "last_message").startswith(
+        "1\tdef parse_config(raw):")
+    assert ragproxy.extract_query("responses", codex_request(1), "last_message").startswith("def fetch_index")
+    assert ragproxy.extract_query("chat", aider_request(), "all_user").split("\n\n")[:3] == [
+        "Change get_factorial() to use math.factorial", "I switched to a new code base.",
+        "Fix the off-by-one in paginate() in app/views.py"]
+    with pytest.raises(ValueError, match="query source"):
+        ragproxy.extract_query("chat", body, "first_user")
+
+
+def test_ollama_endpoints_and_unknown_endpoint():
+    assert ragproxy.extract_query("ollama_generate", {"model": "m", "prompt": "why is the sky blue"}) == \
+        "why is the sky blue"
+    assert ragproxy.extract_query("ollama_chat", {"messages": [
+        {"role": "user", "content": "hi", "images": ["iVBORw0KGgo="]}]}) == "hi"
+    assert ragproxy.extract_query("embeddings", {"input": "hello"}) == ""
+    assert ragproxy.extract_query("chat", {"messages": [{"role": "system", "content": "sys"}]}) == ""
+
+
+def test_cap_keeps_start_and_end_of_one_turn_within_bytes():
+    words = ["módulo_%d.función()" % i for i in range(600)]
+    text = " ".join(words)
+    query = ragproxy.extract_query("chat", {"messages": [{"role": "user", "content": text}]}, max_bytes=1000)
+    assert len(query.encode("utf-8")) <= 1000
+    head, tail = query.split("\n...\n")
+    assert text.startswith(head) and text.endswith(tail)
+    assert set(head.split() + tail.split()) <= set(words)  # no identifier cut in half
+
+
+def test_cap_of_all_user_keeps_the_most_recent_text():
+    body = {"messages": [{"role": "user", "content": "старый вопрос " * 200},
+                         {"role": "assistant", "content": "ok"},
+                         {"role": "user", "content": "newest question about 検索"}]}
+    query = ragproxy.extract_query("chat", body, "all_user", max_bytes=301)
+    assert query.endswith("newest question about 検索") and len(query.encode("utf-8")) <= 301
+    assert query.split()[0] in ("старый", "вопрос")
+    assert ragproxy.extract_query("chat", body, max_bytes=None) == "newest question about 検索"
+
+
+# -- turn_key ------------------------------------------------------------------
+
+@pytest.mark.parametrize("endpoint", sorted(LOOPS))
+def test_turn_key_is_stable_through_an_agent_loop_and_changes_on_a_new_turn(endpoint):
+    build, field = LOOPS[endpoint]
+    keys = {ragproxy.turn_key(endpoint, build(r)) for r in range(3)}
+    assert len(keys) == 1 and len(next(iter(keys))) == 64
+    later = build(2)
+    if endpoint == "responses":
+        later[field] += [{"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": "Done."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "now add tests"}]}]
+    else:
+        later[field] += [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "now add tests"}]
+    assert ragproxy.turn_key(endpoint, later) not in keys
+
+
+def test_turn_key_ignores_harness_only_messages_after_the_turn():
+    body = codex_request(1)
+    key = ragproxy.turn_key("responses", body)
+    body["input"].append({"type": "message", "role": "user", "content": [  # view_image output
+        {"type": "input_image", "image_url": "data:image/png;base64,iVBO"}]})
+    body["input"].append({"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "<environment_context>\n  <cwd>/repo/sub</cwd>\n</environment_context>"}]})
+    assert ragproxy.turn_key("responses", body) == key
+    assert ragproxy.extract_query("responses", body) == CODEX_PROMPT
+
+
+def test_turn_key_none_without_a_human_turn():
+    assert ragproxy.turn_key("chat", {"messages": [{"role": "system", "content": "x"}]}) is None
+    assert ragproxy.turn_key("responses", {"previous_response_id": "resp_1", "input": [
+        {"type": "function_call_output", "call_id": "c", "output": "ok"}]}) is None
+    assert ragproxy.turn_key("completions", {"prompt": "x"}) is None
+    assert ragproxy.turn_key("ollama_generate", {"prompt": "x"}) != ragproxy.turn_key("ollama_generate",
+                                                                                        {"prompt": "y"})
+
+
+# -- render_context ------------------------------------------------------------
+
+def chunk(i, content, **extra):
+    return dict({"id": "c%02d" % i, "source": "docs/part%d.md" % i, "title": "Part %d" % i,
+                 "score": 1.0 - i / 10, "content": content}, **extra)
+
+
+def test_render_fills_placeholders_and_leaves_other_braces_alone():
+    code = "def f(d):\n    return {k: v for k, v in d.items()}  # {context} {0} {{x}}\n"
+    text, used = ragproxy.render_context(
+        [chunk(1, code)], "Q={query} {unknown} {{literal}}\n{context}\nEND",
+        "[{index}] {title} {source} ({id}) {score} {nope}\n{content}", 1000, query="dict {comp}")
+    assert text == ("Q=dict {comp} {unknown} {literal}\n"
+                    "[1] Part 1 docs/part1.md (c01) 0.900 {nope}\n" + code.rstrip("\n") + "\nEND")
+    assert used == [chunk(1, code)]
+
+
+def test_default_chunk_template_labels_chunks_with_index_source_and_id():
+    text, _ = ragproxy.render_context([chunk(1, "alpha"), chunk(2, "beta")], "{context}",
+                                      ragproxy.DEFAULT_CHUNK_TEMPLATE, 500)
+    assert text == "[1] docs/part1.md (c01)\nalpha\n\n[2] docs/part2.md (c02)\nbeta"
+
+
+def test_render_takes_whole_chunks_best_first_within_the_budget():
+    chunks = [chunk(i, "word " * 40) for i in range(1, 6)]
+    text, used = ragproxy.render_context(chunks, "<context>\n{context}\n</context>", "{content}", 130,
+                                         count_tokens=lambda s: len(s.split()))
+    assert [c["id"] for c in used] == ["c01", "c02", "c03"]
+    assert len(text.split()) <= 130 and text.count("word") == 120
+    big_second = [chunks[0], chunk(2, "word " * 200), chunks[2]]
+    _, used = ragproxy.render_context(big_second, "{context}", "{content}", 130,
+                                      count_tokens=lambda s: len(s.split()))
+    assert [c["id"] for c in used] == ["c01"]  # stops at the first that does not fit
+
+
+def test_render_truncates_an_oversized_first_chunk_at_a_line():
+    lines = ["line %03d of the module" % i for i in range(100)]
+    text, used = ragproxy.render_context([chunk(1, "\n".join(lines)), chunk(2, "next")], "{context}",
+                                         "{content}", 100, count_tokens=lambda s: len(s.split()))
+    assert used[0]["truncated"] is True and len(used) == 1
+    kept = used[0]["content"].split("\n")
+    assert kept == lines[:len(kept)] and 15 <= len(kept) < 25
+    assert text == "\n".join(kept) + "\n[... truncated]"
+    one_line = "token " * 500
+    text, used = ragproxy.render_context([chunk(1, one_line)], "{context}", "{content}", 50,
+                                         count_tokens=lambda s: len(s.split()))
+    assert used[0]["content"] == ("token " * 48).strip() and text.endswith("[... truncated]")
+
+
+def test_default_templates_end_to_end_into_a_claude_code_request():
+    chunks = [chunk(1, "Retry(total=3, backoff_factor=0.5)", id="9f2c41d0a7b3e5c8d1f0"), chunk(2, "See {docs}.")]
+    text, used = ragproxy.render_context(chunks, ragproxy.DEFAULT_INJECT_TEMPLATE,
+                                         ragproxy.DEFAULT_CHUNK_TEMPLATE, 2000, query=CC_PROMPT)
+    assert len(used) == 2 and "untrusted" in text
+    assert "<context>\n[1] docs/part1.md (9f2c41d0a7b3e5c8d1f0)\nRetry(total=3, backoff_factor=0.5)\n\n" \
+           "[2] docs/part2.md (c02)\nSee {docs}.\n</context>" in text
+    body = claude_code_request(0)
+    assert ragproxy.inject("messages", body, text)
+    assert body["messages"][0]["content"][1] == {"type": "text", "text": text}
+
+
+def test_render_nothing_when_nothing_fits():
+    assert ragproxy.render_context([], "{context}", "{content}", 100) == ("", [])
+    assert ragproxy.render_context([chunk(1, "x")], "{context}", "{content}", 0) == ("", [])
+    assert ragproxy.render_context([chunk(1, "x y z")], "a b c d {context}", "{content}", 3,
+                                   count_tokens=lambda s: len(s.split())) == ("", [])
+
+
+# Exact cl100k_base / o200k_base counts, measured with tiktoken.
+TOKENIZED = [
+    ("The proxy retrieves passages from local knowledge bases and injects them into the request "
+     "before forwarding it to the model.", 22, 22),
+    ('def load(path):\n    with open(path, encoding="utf-8") as f:\n        return json.load(f)["items"]\n',
+     26, 26),
+    ("Traceback (most recent call last):\n  File \"/srv/app/main.py\", line 42, in <module>\n"
+     "    cfg = parse_config(raw)\nKeyError: 'upstream'\n", 38, 38),
+    ('{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "stream": true}', 32, 32),
+    ("检索增强生成把本地知识库中的段落注入到请求中。", 25, 18),
+    ("Die Konfigurationsdatei wird beim Start gelesen und bei Änderungen automatisch neu geladen.", 22, 17),
+]
+
+
+@pytest.mark.parametrize("text,cl100k,o200k", TOKENIZED)
+def test_token_estimate_is_close_to_real_tokenizers(text, cl100k, o200k):
+    estimate = ragproxy.estimate_tokens_text(text)
+    assert 0.75 * min(cl100k, o200k) <= estimate <= 1.3 * max(cl100k, o200k)
+
+
+def test_token_estimate_edges():
+    assert ragproxy.estimate_tokens_text("") == 0
+    assert ragproxy.estimate_tokens_text(" ") == 1
+    assert ragproxy.estimate_tokens_text("a" * 4000) > 500  # long runs are not one token
+    assert ragproxy.estimate_tokens_text("\ud800 lone surrogate") >= 2
+
+
+# -- inject: where the context goes ---------------------------------------------
+
+def test_before_last_user_claude_code_goes_between_reminder_and_prompt():
+    body = claude_code_request(2)
+    before = copy.deepcopy(body)
+    assert ragproxy.inject("messages", body, CONTEXT)
+    turn = body["messages"][0]["content"]
+    assert turn == [{"type": "text", "text": REMINDER}, {"type": "text", "text": CONTEXT},
+                    {"type": "text", "text": CC_PROMPT}]
+    body["messages"][0]["content"].pop(1)
+    assert body == before  # nothing else touched: system, tools, tool rounds
+
+
+def test_before_last_user_anthropic_string_and_tool_result_mix():
+    body = {"messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": "Where is retry configured?"}]}
+    assert ragproxy.inject("messages", body, "CTX")
+    assert body["messages"] == [{"role": "system", "content": "be brief"},
+                                {"role": "user", "content": "CTX\n\nWhere is retry configured?"}]
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "ok"},
+        {"type": "text", "text": "also check the tests"}]}]}
+    assert ragproxy.inject("messages", body, "CTX")
+    assert [p["type"] for p in body["messages"][0]["content"]] == ["tool_result", "text", "text"]
+    assert body["messages"][0]["content"][1]["text"] == "CTX"
+    body = {"messages": [{"role": "user", "content": REMINDER + "fix it"}]}
+    assert ragproxy.inject("messages", body, "CTX")
+    assert body["messages"][0]["content"] == REMINDER + "CTX\n\nfix it"
+
+
+def test_before_last_user_chat_string_list_and_codex():
+    body = aider_request()
+    ragproxy.inject("chat", body, "CTX")
+    assert body["messages"][-1]["content"].startswith("CTX\n\nFix the off-by-one")
+    assert body["messages"][1]["content"] == "Change get_factorial() to use math.factorial"
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:,"}}, {"type": "text", "text": "what is this"}]}]}
+    ragproxy.inject("chat", body, "CTX")
+    assert body["messages"][0]["content"][0] == {"type": "text", "text": "CTX"}
+    body = codex_request(1)
+    ragproxy.inject("responses", body, "CTX")
+    assert body["input"][3]["content"] == [{"type": "input_text", "text": "CTX"},
+                                           {"type": "input_text", "text": CODEX_PROMPT}]
+    assert "instructions" not in body
+
+
+def test_before_last_user_string_inputs_and_ollama():
+    body = {"model": "m", "input": "Summarise README.md"}
+    ragproxy.inject("responses", body, "CTX")
+    assert body["input"] == "CTX\n\nSummarise README.md"
+    body = {"model": "m", "prompt": "why", "system": "sys"}
+    ragproxy.inject("ollama_generate", body, "CTX")
+    assert body == {"model": "m", "prompt": "CTX\n\nwhy", "system": "sys"}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi", "images": ["iVBO"]}]}
+    ragproxy.inject("ollama_chat", body, "CTX")
+    assert body["messages"] == [{"role": "user", "content": "CTX\n\nhi", "images": ["iVBO"]}]
+
+
+def test_system_modes_openai_chat():
+    body = aider_request()
+    ragproxy.inject("chat", body, "CTX", "system_prepend")
+    assert body["messages"][0]["content"] == "CTX\n\nAct as an expert software developer."
+    body = aider_request()
+    ragproxy.inject("chat", body, "CTX", "system_append")
+    assert body["messages"][0]["content"] == "Act as an expert software developer.\n\nCTX"
+    body = {"messages": [{"role": "user", "content": "q"}, {"role": "developer",
+                                                            "content": [{"type": "text", "text": "dev"}]}]}
+    ragproxy.inject("chat", body, "CTX", "system_prepend")
+    assert body["messages"][1]["content"] == [{"type": "text", "text": "CTX"}, {"type": "text", "text": "dev"}]
+    body = {"messages": [{"role": "user", "content": "q"}]}
+    ragproxy.inject("ollama_chat", body, "CTX", "system_append")
+    assert body["messages"] == [{"role": "system", "content": "CTX"}, {"role": "user", "content": "q"}]
+
+
+def test_system_modes_anthropic_keep_the_client_shape():
+    body = claude_code_request(1)
+    billing, cached = copy.deepcopy(body["system"][0]), copy.deepcopy(body["system"][1:])
+    ragproxy.inject("messages", body, "CTX", "system_prepend")
+    assert body["system"] == [billing, {"type": "text", "text": "CTX"}] + cached
+    body = claude_code_request(1)
+    ragproxy.inject("messages", body, "CTX", "system_append")
+    assert body["system"] == [billing] + cached + [{"type": "text", "text": "CTX"}]
+    body = {"system": "be brief", "messages": [{"role": "user", "content": "q"}]}
+    ragproxy.inject("messages", body, "CTX", "system_prepend")
+    assert body["system"] == "CTX\n\nbe brief"
+    body = {"messages": [{"role": "user", "content": "q"}]}
+    ragproxy.inject("messages", body, "CTX", "system_append")
+    assert body["system"] == "CTX"
+
+
+def test_system_modes_responses_and_generate():
+    body = codex_request(0)
+    ragproxy.inject("responses", body, "CTX", "system_append")
+    assert body["instructions"] == "CTX" and body["input"] == codex_request(0)["input"]
+    body = {"instructions": "You are terse.", "input": "q"}
+    ragproxy.inject("responses", body, "CTX", "system_prepend")
+    assert body["instructions"] == "CTX\n\nYou are terse."
+    body = {"prompt": "q", "system": "sys"}
+    ragproxy.inject("ollama_generate", body, "CTX", "system_append")
+    assert body == {"prompt": "q", "system": "sys\n\nCTX"}
+
+
+def test_new_message_goes_right_before_the_human_turn():
+    body = claude_code_request(1)
+    ragproxy.inject("messages", body, "CTX", "new_message")
+    assert body["messages"][0] == {"role": "user", "content": "CTX"}
+    assert body["messages"][1]["content"][1]["text"] == CC_PROMPT
+    body = codex_request(1)
+    ragproxy.inject("responses", body, "CTX", "new_message")
+    assert body["input"][3] == {"type": "message", "role": "user",
+                                "content": [{"type": "input_text", "text": "CTX"}]}
+    assert body["input"][4]["content"][0]["text"] == CODEX_PROMPT
+    body = aider_request()
+    ragproxy.inject("chat", body, "CTX", "new_message")
+    assert body["messages"][-2:] == [{"role": "user", "content": "CTX"}, aider_request()["messages"][-1]]
+    body = {"prompt": "q"}
+    ragproxy.inject("ollama_generate", body, "CTX", "new_message")
+    assert body == {"prompt": "CTX\n\nq"}
+
+
+@pytest.mark.parametrize("mode", ragproxy.INJECT_MODES)
+@pytest.mark.parametrize("endpoint,body", [
+    ("chat", {"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": None}]}),
+    ("messages", {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]}),
+    ("messages", {"messages": []}),
+    ("responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}),
+    ("responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text":
+                                                            "<environment_context></environment_context>"}]}]}),
+    ("ollama_generate", {"prompt": ""}),
+    ("ollama_generate", {"prompt": "<|im_start|>user\nhi<|im_end|>\n", "raw": True}),
+    ("completions", {"prompt": "q"}),
+    ("chat", {"messages": "not a list"}),
+])
+def test_no_human_turn_means_no_injection(mode, endpoint, body):
+    before = copy.deepcopy(body)
+    assert ragproxy.inject(endpoint, body, "CTX", mode) is False
+    assert body == before
+
+
+def test_unknown_roles_fields_and_bad_arguments():
+    body = {"messages": [{"role": "system", "content": "inline system"}, {"role": "critic", "content": "meh"},
+                         {"role": "user", "content": "q", "x_custom": {"keep": 1}}], "x_top": [1]}
+    ragproxy.inject("messages", body, "CTX", "system_prepend")
+    assert body["messages"][:2] == [{"role": "system", "content": "inline system"},
+                                    {"role": "critic", "content": "meh"}]
+    assert body["system"] == "CTX" and body["x_top"] == [1] and body["messages"][2]["x_custom"] == {"keep": 1}
+    assert ragproxy.inject("chat", {"messages": [{"role": "user", "content": "q"}]}, "") is False
+    with pytest.raises(ValueError, match="inject mode"):
+        ragproxy.inject("chat", {"messages": [{"role": "user", "content": "q"}]}, "CTX", "prepend")
+
+
+# -- the agent-loop invariant ---------------------------------------------------
+
+def _loop(endpoint, build, mode):
+    requests = [build(r) for r in range(3)]
+    keys = {ragproxy.turn_key(endpoint, r) for r in requests}
+    for request in requests:
+        assert ragproxy.inject(endpoint, request, CONTEXT, mode)
+    return requests, keys
+
+
+@pytest.mark.parametrize("mode", ragproxy.INJECT_MODES)
+@pytest.mark.parametrize("endpoint", sorted(LOOPS))
+def test_agent_loop_requests_share_a_byte_identical_prefix(endpoint, mode):
+    build, field = LOOPS[endpoint]
+    if endpoint == "messages":
+        build = lambda r: claude_code_request(r, volatile=False)  # noqa: E731
+    requests, keys = _loop(endpoint, build, mode)
+    assert len(keys) == 1
+    added = 1 if mode == "new_message" else 0
+    for rounds, (earlier, later) in enumerate(zip(requests, requests[1:]), 1):
+        n = len(earlier[field])
+        assert dumps(later[field][:n]) == dumps(earlier[field])
+        assert dumps(later[field][n:]) == dumps(build(rounds)[field][n - added:])  # the client's, untouched
+        for key in ("system", "instructions", "tools"):
+            assert dumps(later.get(key)) == dumps(earlier.get(key))
+        assert dumps(later).count(json.dumps(CONTEXT)[1:-1]) == 1
+
+
+@pytest.mark.parametrize("mode", ragproxy.INJECT_MODES)
+def test_claude_code_loop_with_moving_cache_control_and_billing_header(mode):
+    """The client itself moves cache_control to the newest block and rehashes its billing
+    block; everything we add sits at the same place with the same bytes."""
+    requests, keys = _loop("messages", claude_code_request, mode)
+    assert len(keys) == 1
+    for earlier, later in zip(requests, requests[1:]):
+        n = len(earlier["messages"])
+        assert dumps(without_cache_control(later["messages"][:n])) == \
+            dumps(without_cache_control(earlier["messages"]))
+        assert dumps(later["system"][1:]) == dumps(earlier["system"][1:])
+        assert later["system"][0]["text"].startswith("x-anthropic-billing-header:")
+        assert [b.get("cache_control") for b in later["system"]] == \
+               [b.get("cache_control") for b in earlier["system"]]

@@ -1,0 +1,187 @@
+"""Knowledge bases: scanning, incremental indexing, search modes, failure handling."""
+import os
+import threading
+
+import pytest
+
+import ragproxy
+from fake_upstream import FakeUpstream
+
+
+def make_kb(tmp_path, embedder=None, **spec):
+    spec.setdefault("name", "kb")
+    return ragproxy.KnowledgeBase(ragproxy.KBSpec(**spec), str(tmp_path), embedder=embedder)
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+@pytest.fixture
+def docs(tmp_path):
+    root = tmp_path / "documents" / "kb"
+    write(str(root / "a.md"), "# Alpha\n\nThe alpha service listens on port 7000.\n")
+    write(str(root / "b.md"), "# Beta\n\nBeta retries failed uploads three times.\n")
+    write(str(root / "src" / "pool.py"), "def open_pool(size):\n    '''Open a connection pool.'''\n"
+                                        "    return [connect() for _ in range(size)]\n")
+    return root
+
+
+def ids_by_source(kb):
+    generation, _ = kb.current()
+    return {s: tuple(e["chunk_ids"]) for s, e in generation.manifest.items()}
+
+
+def test_index_and_search(tmp_path, docs):
+    kb = make_kb(tmp_path)
+    report = kb.index()
+    assert (report.added, report.changed, report.deleted) == (3, 0, 0) and report.committed
+    hits = kb.search("which port does alpha listen on", 2)
+    assert hits[0].chunk["source"] == "kb/a.md" and "lexical" in hits[0].scores
+    code = kb.search("open_pool connection", 1)[0]
+    assert code.chunk["symbol"] == "open_pool" and code.chunk["line_start"] == 1
+
+
+def test_incremental_touches_only_changed_files(tmp_path, docs):
+    kb = make_kb(tmp_path)
+    kb.index()
+    before = ids_by_source(kb)
+    again = kb.index()
+    assert not again.committed and again.unchanged == 3  # nothing to do, no new generation
+    write(str(docs / "b.md"), "# Beta\n\nBeta retries failed uploads five times.\n")
+    os.utime(str(docs / "b.md"), ns=(1, 2 * 10**9))
+    report = kb.index()
+    assert (report.added, report.changed, report.unchanged) == (0, 1, 2)
+    after = ids_by_source(kb)
+    assert after["kb/a.md"] == before["kb/a.md"] and after["kb/src/pool.py"] == before["kb/src/pool.py"]
+    assert after["kb/b.md"] != before["kb/b.md"]
+    assert "five" in kb.search("beta retries", 1)[0].chunk["text"]
+    os.remove(str(docs / "a.md"))
+    report = kb.index()
+    assert report.deleted == 1 and "kb/a.md" not in ids_by_source(kb)
+    assert all(h.chunk["source"] != "kb/a.md" for h in kb.search("alpha port 7000", 5))
+
+
+def test_touch_without_content_change_reuses_chunks(tmp_path, docs):
+    kb = make_kb(tmp_path)
+    kb.index()
+    os.utime(str(docs / "a.md"), ns=(5, 5 * 10**9))
+    report = kb.index()
+    assert report.changed == 0 and report.unchanged == 3
+
+
+def test_gitignore_include_exclude_and_skips(tmp_path, docs):
+    write(str(docs / ".gitignore"), "build/\n*.log\n!keep.log\n")
+    write(str(docs / "build" / "out.md"), "# built\n")
+    write(str(docs / "x.log"), "noise")
+    write(str(docs / "keep.log"), "kept log line")
+    write(str(docs / "node_modules" / "m.md"), "# dep\n")
+    with open(str(docs / "blob.bin"), "wb") as f:
+        f.write(b"\x00\x01\x02" * 100)
+    kb = make_kb(tmp_path, exclude=("*.py",))
+    sources = set(kb.scan())
+    assert sources == {"kb/a.md", "kb/b.md", "kb/keep.log", "kb/blob.bin"}
+    report = kb.index()
+    assert [s for s, _ in report.skipped] == ["kb/blob.bin"]
+    assert make_kb(tmp_path, name="kb", include=("*.py",)).scan().keys() == {"kb/src/pool.py"}
+
+
+def test_oversized_file_is_skipped_with_reason(tmp_path, docs):
+    kb = make_kb(tmp_path, max_file_bytes=30)
+    report = kb.index()
+    reasons = dict(report.skipped)
+    assert "max_file_bytes" in reasons["kb/a.md"]
+
+
+def test_extra_sources_and_globs(tmp_path, docs):
+    other = tmp_path / "elsewhere"
+    write(str(other / "notes.txt"), "gamma rays are measured in grays")
+    kb = make_kb(tmp_path, sources=("elsewhere", "elsewhere/*.txt"))
+    assert {"elsewhere/notes.txt"} <= set(kb.scan())
+
+
+class _SlowEmbedder:
+    """Embeds with the fake upstream's function; can block to hold an index run open."""
+
+    def __init__(self):
+        self.gate = threading.Event()
+        self.gate.set()
+        self.calls = 0
+
+    def embed(self, texts):
+        from fake_upstream import embed_text
+        self.calls += 1
+        self.gate.wait(10)
+        return [embed_text(t) for t in texts]
+
+    def embed_query(self, text):
+        from fake_upstream import embed_text
+        return embed_text(text)
+
+
+def test_queries_are_served_while_indexing(tmp_path, docs):
+    embedder = _SlowEmbedder()
+    kb = make_kb(tmp_path, embedder=embedder, retrieval="hybrid")
+    kb.index()
+    write(str(docs / "c.md"), "# Gamma\n\nGamma is new.\n")
+    embedder.gate.clear()
+    worker = threading.Thread(target=kb.index)
+    worker.start()
+    try:
+        while kb.status["state"] != "indexing":
+            pass
+        hits = kb.search("alpha port", 1, mode="hybrid")  # the last committed generation answers
+        assert hits[0].chunk["source"] == "kb/a.md"
+    finally:
+        embedder.gate.set()
+        worker.join(10)
+    assert any(h.chunk["source"] == "kb/c.md" for h in kb.search("gamma new", 3))
+
+
+def test_dense_search_with_real_embedding_client(tmp_path, docs):
+    with FakeUpstream() as fake:
+        provider = ragproxy.Provider(name="emb", type="openai", base_url=fake.url + "/v1", model="m")
+        client = ragproxy.EmbeddingClient(provider, ragproxy.make_http_pool(), str(tmp_path / "cache"))
+        kb = make_kb(tmp_path, embedder=client, retrieval="dense")
+        kb.index()
+        hits = kb.search("beta retries failed uploads", 1)
+        assert hits[0].chunk["source"] == "kb/b.md" and set(hits[0].scores) == {"dense"}
+        assert -1.0 <= hits[0].score <= 1.0
+
+
+def test_transient_embedding_failure_defers_file_and_keeps_old_version(tmp_path, docs):
+    with FakeUpstream() as fake:
+        provider = ragproxy.Provider(name="emb", type="openai", base_url=fake.url + "/v1", model="m")
+        client = ragproxy.EmbeddingClient(provider, ragproxy.make_http_pool(), str(tmp_path / "cache"))
+        kb = make_kb(tmp_path, embedder=client, retrieval="hybrid")
+        kb.index()
+        before = ids_by_source(kb)
+        write(str(docs / "b.md"), "# Beta\n\nBeta now retries nine times.\n")
+        os.utime(str(docs / "b.md"), ns=(1, 3 * 10**9))
+        fake.fail_next(503, path="/v1/embeddings", count=10)
+        report = kb.index()
+        assert [s for s, _ in report.deferred] == ["kb/b.md"]
+        assert ids_by_source(kb)["kb/b.md"] == before["kb/b.md"]  # untouched, not half-indexed
+        fake.reset_faults()
+        report = kb.index()
+        assert report.changed == 1 and "nine" in kb.search("beta retries", 1)[0].chunk["text"]
+
+
+def test_rate_limit_aborts_the_run(tmp_path, docs):
+    with FakeUpstream() as fake:
+        provider = ragproxy.Provider(name="emb", type="openai", base_url=fake.url + "/v1", model="m")
+        client = ragproxy.EmbeddingClient(provider, ragproxy.make_http_pool(), str(tmp_path / "cache"))
+        kb = make_kb(tmp_path, embedder=client, retrieval="dense")
+        fake.fail_next(429, headers={"retry-after": "30"}, path="/v1/embeddings", count=10)
+        with pytest.raises(ragproxy.EmbeddingRateLimited):
+            kb.index()
+        assert kb.current() == (None, None)  # nothing committed
+
+
+def test_rrf_fusion_is_weighted_reciprocal_rank():
+    fused = ragproxy._rrf([("lexical", [(1, 9.0), (2, 5.0)], 1.0), ("dense", [(2, 0.9), (3, 0.8)], 1.0)])
+    assert [row for row, _, _ in fused] == [2, 1, 3]
+    assert fused[0][1] == pytest.approx(1 / 62 + 1 / 61)
+    assert fused[0][2] == {"lexical": 5.0, "dense": 0.9, "rrf": fused[0][1]}

@@ -1,0 +1,234 @@
+"""Retrieval end to end: real SDKs -> ragproxy (with knowledge bases) -> fake upstream.
+
+The fake upstream answers "FOUND: <sentence>" only when that sentence reached
+it, so a passing test proves the passage was retrieved and injected.
+"""
+import json
+import urllib.error
+import urllib.request
+
+import anthropic
+import openai
+import pytest
+
+from conftest import API_KEY, proxy_config
+
+SECRET = "the purple elephant sings at midnight"
+OTHER = "the copper kettle whistles twice"
+
+GUIDE = f"""# Operations guide
+
+## Elephants
+
+When asked about the elephant: {SECRET}. This is the only known fact about it.
+
+## Kettles
+
+Kitchen trivia: {OTHER}.
+"""
+
+CODE = '''"""Key rotation helpers."""
+
+
+def rotate_signing_key(store, days=90):
+    """Rotate the signing key after ``days``; the old key stays valid for verification."""
+    return store.rotate(days)
+'''
+
+
+def kb_config(fake_url, kbs="docs", extra_kb="", rag="", model_extra=""):
+    extra = f"""
+knowledge_bases:
+  docs:
+    retrieval: lexical
+  code:
+    retrieval: lexical
+{extra_kb}
+rag:
+  top_k: 3
+{rag}
+"""
+    text = proxy_config(fake_url, extra=extra)
+    return text.replace('  - {name: "*", upstream: [ol, oa]}',
+                        f'  - {{name: "*", upstream: [ol, oa], kb: [{kbs}]{model_extra}}}')
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    docs = tmp_path / "documents" / "docs"
+    docs.mkdir(parents=True)
+    (docs / "guide.md").write_text(GUIDE)
+    code = tmp_path / "documents" / "code"
+    code.mkdir(parents=True)
+    (code / "keys.py").write_text(CODE)
+    return tmp_path
+
+
+@pytest.fixture
+def rag_proxy(make_proxy, fake, data_dir):
+    fake.secrets = [SECRET, OTHER, "rotate_signing_key"]
+    p = make_proxy(kb_config(fake.url), data_dir=data_dir)
+    p.app.knowledge_bases.index_all()
+    return p
+
+
+def _openai(p):
+    return openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+def test_openai_chat_gets_the_passage(rag_proxy, fake):
+    raw = _openai(rag_proxy).chat.completions.with_raw_response.create(
+        model="llama3", messages=[{"role": "system", "content": "be brief"},
+                                  {"role": "user", "content": "What does the purple elephant do?"}])
+    assert raw.parse().choices[0].message.content == "FOUND: " + SECRET
+    sources = raw.headers["x-ragproxy-sources"].split(",")
+    assert sources and all(sources)
+    sent = fake.last.json["messages"]
+    assert sent[0] == {"role": "system", "content": "be brief"}  # the client's system prompt untouched
+    assert sent[-1]["content"].endswith("What does the purple elephant do?")
+
+
+def test_anthropic_stream_gets_the_passage(rag_proxy, fake):
+    client = anthropic.Anthropic(base_url=rag_proxy.url, api_key=API_KEY, max_retries=0)
+    with client.messages.stream(model="llama3", max_tokens=64,
+                                system=[{"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
+                                        {"type": "text", "text": "You are Claude Code.",
+                                         "cache_control": {"type": "ephemeral"}}],
+                                messages=[{"role": "user", "content": [
+                                    {"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+                                    {"type": "text", "text": "what does the elephant sing"}]}]) as stream:
+        assert "".join(stream.text_stream) == "FOUND: " + SECRET
+    system = fake.last.json["system"]
+    assert system[0]["text"].startswith("x-anthropic-billing-header")  # first block stays first
+    assert len(system) == 2
+
+
+def test_responses_and_ollama_get_the_passage(rag_proxy, fake):
+    resp = _openai(rag_proxy).responses.create(model="llama3", input="tell me about the purple elephant")
+    assert resp.output_text == "FOUND: " + SECRET
+    fake.secrets = [OTHER]
+    req = urllib.request.Request(rag_proxy.url + "/api/chat", method="POST", data=json.dumps(
+        {"model": "llama3", "stream": False,
+         "messages": [{"role": "user", "content": "which kettle whistles"}]}).encode(),
+        headers={"Authorization": "Bearer " + API_KEY})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert json.loads(r.read())["message"]["content"] == "FOUND: " + OTHER
+
+
+def test_kb_header_off_and_model_suffix(rag_proxy, fake):
+    client = _openai(rag_proxy)
+    off = client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "purple elephant?"}],
+                                         extra_headers={"X-Ragproxy-KB": "off"})
+    assert off.choices[0].message.content == "ECHO: purple elephant?"
+    assert "x-ragproxy-kb" not in fake.last.headers
+    # "model+kb" picks the code KB ad hoc; the suffix never reaches the upstream
+    reply = client.chat.completions.create(model="llama3+code",
+                                           messages=[{"role": "user", "content": "how to rotate the signing key"}])
+    assert reply.choices[0].message.content == "FOUND: rotate_signing_key"
+    assert fake.last.json["model"] == "llama3"
+
+
+def test_unknown_kb_in_header_is_400(rag_proxy, fake):
+    with pytest.raises(openai.BadRequestError) as info:
+        _openai(rag_proxy).chat.completions.create(model="llama3", messages=[{"role": "user", "content": "x"}],
+                                                   extra_headers={"X-Ragproxy-KB": "nope"})
+    assert info.value.body["code"] == "unknown_knowledge_base"
+    assert fake.requests == []
+
+
+def test_no_match_forwards_unchanged(rag_proxy, fake):
+    body = {"model": "llama3", "messages": [{"role": "user", "content": "zzzqqq xyzzy"}]}
+    raw = _openai(rag_proxy).chat.completions.with_raw_response.create(**body)
+    assert "x-ragproxy-sources" not in raw.headers
+    assert fake.last.json["messages"] == body["messages"]
+
+
+def test_agent_loop_prefixes_are_byte_identical(rag_proxy, fake, data_dir):
+    """Tool rounds of one human turn re-inject the same bytes at the same place."""
+    client = _openai(rag_proxy)
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object",
+                                                                                  "properties": {}}}}]
+    messages = [{"role": "system", "content": "agent"},
+                {"role": "user", "content": "What does the purple elephant do? CALL_TOOL"}]
+    first = client.chat.completions.create(model="llama3", messages=messages, tools=tools)
+    call = first.choices[0].message.tool_calls[0]
+    bodies = [fake.last.body]
+    # The KB changes mid-turn: the turn still sees what it saw first.
+    (data_dir / "documents" / "docs" / "guide.md").write_text(GUIDE.replace("midnight", "noon"))
+    rag_proxy.app.knowledge_bases.index_all()
+    for round_ in range(2):
+        messages = messages + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                               {"role": "tool", "tool_call_id": call.id, "content": f"file contents {round_}"}]
+        client.chat.completions.create(model="llama3", messages=messages, tools=tools)
+        bodies.append(fake.last.body)
+    sent = [json.loads(b)["messages"] for b in bodies]
+    for earlier, later in zip(sent, sent[1:]):
+        prefix = json.dumps(earlier)[:-1]  # the list without its closing bracket
+        assert json.dumps(later[:len(earlier)])[:-1] == prefix
+    # A new human turn retrieves afresh and sees the edit.
+    fresh = client.chat.completions.create(model="llama3", messages=messages + [
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "And the purple elephant, again?"}])
+    assert fresh.choices[0].message.content
+    assert "sings at noon" in fake.last.json["messages"][-1]["content"]
+
+
+def _failing_embedding_config(fake, policy, port=9):
+    extra_kb = """  vec:
+    retrieval: hybrid
+    embedding: emb
+"""
+    text = kb_config(fake.url, kbs="vec", extra_kb=extra_kb, rag=f"  on_failure: {policy}\n")
+    return text.replace("  embedding: {}", "").replace(
+        "providers:\n", f'providers:\n  embedding:\n    emb: {{type: openai, base_url: "{fake.url}/v1", '
+                        f'model: fake-embed, read_timeout: 2}}\n', 1)
+
+
+def _vec_dir(data_dir):
+    vec = data_dir / "documents" / "vec"
+    vec.mkdir(parents=True, exist_ok=True)
+    (vec / "guide.md").write_text(GUIDE)
+    return data_dir
+
+
+def test_dense_hybrid_with_an_embedding_server(make_proxy, fake, data_dir):
+    fake.secrets = [SECRET]
+    p = make_proxy(_failing_embedding_config(fake, "degrade"), data_dir=_vec_dir(data_dir))
+    p.app.knowledge_bases.index_all()
+    assert any(r.path == "/v1/embeddings" for r in fake.requests)
+    hits = p.app.knowledge_bases.get("vec").search("purple elephant midnight", 2)
+    assert set(hits[0].scores) == {"lexical", "dense", "rrf"}
+    reply = _openai(p).chat.completions.create(model="llama3", messages=[
+        {"role": "user", "content": "what does the purple elephant do"}])
+    assert reply.choices[0].message.content == "FOUND: " + SECRET
+
+
+@pytest.mark.parametrize("policy", ["degrade", "fail_closed", "use_stale"])
+def test_failure_policies(make_proxy, fake, data_dir, policy):
+    fake.secrets = [SECRET]
+    p = make_proxy(_failing_embedding_config(fake, policy), data_dir=_vec_dir(data_dir))
+    p.app.knowledge_bases.index_all()
+    client = _openai(p)
+    question = [{"role": "user", "content": "what does the purple elephant do"}]
+    assert client.chat.completions.create(model="llama3", messages=question).choices[0].message.content \
+        == "FOUND: " + SECRET
+    fake.fail_next(500, path="/v1/embeddings", count=5)
+    again = [{"role": "user", "content": "what does the purple elephant do, once more"}]
+    if policy == "fail_closed":
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(model="llama3", messages=again)
+        assert info.value.status_code == 502 and info.value.body["code"] == "rag_retrieval_failed"
+        assert not any(r.path == "/v1/chat/completions" and "once more" in r.body.decode()
+                       for r in fake.requests)
+    elif policy == "degrade":
+        reply = client.chat.completions.create(model="llama3", messages=again)
+        assert reply.choices[0].message.content.startswith("ECHO")  # forwarded unchanged
+        assert fake.last.json["messages"] == again
+    else:
+        # a different query: no stale context for it, so the request fails closed
+        with pytest.raises(openai.APIStatusError):
+            client.chat.completions.create(model="llama3", messages=again)
+        # the same query as before (new turn): the last good context is reused
+        reply = client.chat.completions.create(model="llama3", messages=[
+            {"role": "assistant", "content": "earlier"}] + question)
+        assert reply.choices[0].message.content == "FOUND: " + SECRET

@@ -1,0 +1,646 @@
+"""Tests for the vector store: .npy I/O, crash-safe generations, dense search."""
+import json
+import logging
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import ragproxy
+
+
+# --- helpers -----------------------------------------------------------------
+
+@pytest.fixture(params=["numpy", "pure"])
+def mode(request, monkeypatch):
+    """Run a test with ragproxy's numpy path and with its stdlib fallback."""
+    if request.param == "numpy":
+        if ragproxy._np is None:
+            pytest.skip("numpy disabled (RAGPROXY_PURE=1 or not installed)")
+    else:
+        monkeypatch.setattr(ragproxy, "_np", None)
+    return request.param
+
+
+def random_rows(n, dim, seed=0):
+    rng = random.Random(seed)
+    return [[rng.gauss(0.0, 1.0) for _ in range(dim)] for _ in range(n)]
+
+
+def unit(row):
+    norm = math.sqrt(sum(x * x for x in row))
+    return [x / norm for x in row]
+
+
+def as_lists(vectors):
+    return [[float(x) for x in row] for row in vectors]
+
+
+def brute_force(rows, query, k):
+    q = unit(query)
+    scored = [(sum(a * b for a, b in zip(unit(r), q)), i) for i, r in enumerate(rows)]
+    scored.sort(key=lambda t: (-t[0], t[1]))
+    return scored[:k]
+
+
+def kb_entries(root):
+    return sorted(os.listdir(root))
+
+
+def commit_state(store, n, tag, dim=4, extra=None):
+    chunks = [{"id": "%s-%d" % (tag, j), "text": "%s chunk %d" % (tag, j)} for j in range(n)]
+    rows = random_rows(n, dim, seed=hash(tag) & 0xFFFF)
+    with store.begin() as w:
+        w.add_chunks(chunks)
+        w.add_vectors(rows)
+        if extra is not None:
+            w.write_file("extra.bin", extra)
+    return chunks, rows
+
+
+# --- .npy files ----------------------------------------------------------------
+
+NPY_CASES = [
+    ("<f4", [[1.5, -2.25, 3.0e-7], [0.0, 1.0e20, -0.125]]),
+    ("<f2", [[1.5, -2.25, 0.0999755859375], [0.0, 65504.0, -0.125]]),
+    ("<i4", [[1, -2, 2**31 - 1], [-2**31, 0, 7]]),
+    ("<i8", [0, 5, 2**40, -3, 2**63 - 1]),
+    ("|i1", [[-128, 127, 0, 5]]),
+    ("<f4", []),
+]
+
+
+@pytest.mark.parametrize("dtype,values", NPY_CASES)
+def test_npy_written_without_numpy_loads_in_numpy_bit_exact(tmp_path, monkeypatch, dtype, values):
+    np = pytest.importorskip("numpy")
+    monkeypatch.setattr(ragproxy, "_np", None)
+    path = str(tmp_path / "a.npy")
+    ragproxy._npy_write_array(path, values, dtype)
+    loaded = np.load(path)
+    expected = np.asarray(values, dtype=np.dtype(dtype))
+    assert loaded.dtype == expected.dtype and loaded.shape == expected.shape
+    assert loaded.tobytes() == expected.tobytes()
+    # Same header layout as numpy's own writer, so the files are identical.
+    np.save(str(tmp_path / "b.npy"), expected)
+    assert open(path, "rb").read() == open(str(tmp_path / "b.npy"), "rb").read()
+
+
+def test_npy_empty_2d_shape_round_trip(tmp_path, mode):
+    path = str(tmp_path / "e.npy")
+    ragproxy._npy_write_array(path, [], "<f4", shape=(0, 384))
+    arr = ragproxy._npy_read_array(path)
+    assert len(arr) == 0 and tuple(arr.shape) == (0, 384)
+
+
+@pytest.mark.parametrize("dtype,values", NPY_CASES)
+@pytest.mark.parametrize("use_mmap", [True, False])
+def test_npy_written_by_numpy_reads_without_numpy(tmp_path, monkeypatch, dtype, values, use_mmap):
+    np = pytest.importorskip("numpy")
+    expected = np.asarray(values, dtype=np.dtype(dtype))
+    path = str(tmp_path / "a.npy")
+    np.save(path, expected)
+    monkeypatch.setattr(ragproxy, "_np", None)
+    arr = ragproxy._npy_read_array(path, mmap=use_mmap)
+    assert tuple(arr.shape) == expected.shape
+    assert arr.raw_bytes() == expected.tobytes()
+    assert arr.tolist() == expected.tolist()
+    if expected.ndim == 2 and len(expected):
+        assert list(arr.row(len(expected) - 1)) == expected[-1].tolist()
+    elif expected.ndim == 1 and len(expected):
+        assert arr[-1] == expected[-1]
+
+
+def test_npy_pure_writer_accepts_reader_arrays_and_flat_with_shape(tmp_path, mode):
+    src = str(tmp_path / "src.npy")
+    ragproxy._npy_write_array(src, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "<f4", shape=(2, 3))
+    arr = ragproxy._npy_read_array(src)
+    assert [list(map(float, r)) for r in arr] == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    copy = str(tmp_path / "copy.npy")
+    ragproxy._npy_write_array(copy, arr, "<f4")
+    assert open(copy, "rb").read() == open(src, "rb").read()
+
+
+def test_npy_rejects_truncated_and_foreign_files(tmp_path, mode):
+    path = str(tmp_path / "t.npy")
+    ragproxy._npy_write_array(path, [[1.0] * 8] * 4, "<f4")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-5])
+    with pytest.raises(ragproxy.StoreError):
+        ragproxy._npy_read_array(path)
+    open(path, "wb").write(b"not an npy file at all")
+    with pytest.raises(ragproxy.StoreError, match="not a .npy file"):
+        ragproxy._npy_read_array(path)
+
+
+def test_npy_dtype_aliases_and_inference(tmp_path, mode):
+    import array
+    path = str(tmp_path / "a.npy")
+    assert ragproxy._npy_write_array(path, array.array("i", [3, -4, 5]), None) == (3,)
+    arr = ragproxy._npy_read_array(path)
+    assert [int(x) for x in arr] == [3, -4, 5]
+    ragproxy._npy_write_array(path, [0.5, 0.25], "f")
+    assert [float(x) for x in ragproxy._npy_read_array(path)] == [0.5, 0.25]
+    assert sorted(os.listdir(str(tmp_path))) == ["a.npy"]  # no temp file left behind
+
+
+def test_npy_rejects_unknown_dtype(tmp_path, mode):
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        ragproxy._npy_write_array(str(tmp_path / "x.npy"), [1, 2], "<u2")
+
+
+def test_npy_shape_mismatch_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(ragproxy, "_np", None)
+    with pytest.raises(ValueError):
+        ragproxy._npy_write_array(str(tmp_path / "x.npy"), [[1.0, 2.0], [3.0]], "<f4")
+
+
+# --- generations ----------------------------------------------------------------
+
+def test_commit_and_reload_round_trip(tmp_path, mode):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    assert store.current() is None
+    chunks = [{"id": "a%d" % i, "text": "line one\nline \"two\" é ☃ %d" % i, "source": "docs/a.md",
+               "headings": ["A", "B"], "line_start": i, "line_end": i + 3} for i in range(25)]
+    rows = random_rows(25, 6)
+    manifest = {"docs/a.md": {"size": 10, "mtime": 1.5, "hash": "ab", "chunk_ids": [c["id"] for c in chunks]}}
+    with store.begin() as w:
+        w.add_chunks(chunks[:10])
+        w.add_vectors(rows[:10])
+        w.add_chunks(chunks[10:])
+        w.add_vectors(rows[10:])
+        w.set_manifest(manifest)
+        w.write_file("bm25.bin", b"\x00\x01binary")
+        with open(w.path("notes.txt"), "w") as f:
+            f.write("caller wrote this")
+    gen = ragproxy.KBStore(root).current()
+    assert gen.number == 1 and len(gen) == 25 and gen.dim == 6
+    assert list(gen.chunks) == chunks
+    assert gen.chunks[7] == chunks[7] and gen.chunks[-1] == chunks[-1]
+    assert gen.chunks[3:9] == chunks[3:9] and gen.chunks[::7] == chunks[::7]
+    assert gen.manifest == manifest
+    assert gen.read_file("bm25.bin") == b"\x00\x01binary"
+    assert open(gen.path("notes.txt")).read() == "caller wrote this"
+    assert gen.has("notes.txt") and not gen.has("missing")
+    for got, want in zip(as_lists(gen.vectors), rows):
+        assert got == pytest.approx(unit(want), abs=1e-6)
+    assert gen.rows_for_ids(["a3", "nope", "a24"]) == [3, 24]
+    # Plain tools can read the files.
+    with open(gen.path("chunks.jsonl"), encoding="utf-8") as f:
+        assert [json.loads(line) for line in f] == chunks
+
+
+def test_vectors_file_loads_with_numpy(tmp_path, mode):
+    np = pytest.importorskip("numpy")
+    store = ragproxy.KBStore(str(tmp_path / "kb"))
+    _, rows = commit_state(store, 40, "v", dim=5)
+    loaded = np.load(store.current().path("vectors.npy"))
+    assert loaded.dtype == np.float32 and loaded.shape == (40, 5) and loaded.flags.c_contiguous
+    assert np.allclose(loaded, [unit(r) for r in rows], atol=1e-6)
+
+
+def test_lexical_only_kb_has_no_vectors(tmp_path, mode):
+    store = ragproxy.KBStore(str(tmp_path / "kb"))
+    with store.begin() as w:
+        w.add_chunks([{"id": "x", "text": "only words"}])
+    gen = store.current()
+    assert gen.vectors is None and gen.dim is None
+    assert "vectors.npy" not in os.listdir(gen.dir)
+    assert gen.dense_search([1.0, 0.0], 5) == []
+
+
+def test_empty_generation(tmp_path, mode):
+    store = ragproxy.KBStore(str(tmp_path / "kb"))
+    with store.begin():
+        pass
+    gen = store.current()
+    assert len(gen) == 0 and list(gen.chunks) == [] and gen.manifest == {}
+
+
+def test_readers_see_old_generation_until_commit(tmp_path, mode):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    old_chunks, old_rows = commit_state(store, 5, "old")
+    reader = store.current()
+    with store.begin() as w:
+        w.add_chunks([{"id": "new", "text": "new"}])
+        w.add_vectors([[0.0, 1.0, 0.0, 0.0]])
+        assert store.current().number == 1
+        assert ragproxy.KBStore(root).current().number == 1
+        assert list(ragproxy.KBStore(root).current().chunks) == old_chunks
+    assert store.current().number == 2
+    assert ragproxy.KBStore(root).current().chunks[0]["id"] == "new"
+    # The reader taken before the commit still sees the old data.
+    assert list(reader.chunks) == old_chunks
+    assert as_lists(reader.vectors)[4] == pytest.approx(unit(old_rows[4]), abs=1e-6)
+
+
+def test_exception_inside_begin_leaves_nothing(tmp_path, mode):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    before = kb_entries(root)
+    with pytest.raises(RuntimeError, match="boom"):
+        with store.begin() as w:
+            w.add_chunks([{"id": "a", "text": "a"}])
+            w.add_vectors([[1.0, 0.0]])
+            w.write_file("extra", b"x")
+            raise RuntimeError("boom")
+    assert kb_entries(root) == before
+    assert store.current() is None
+    commit_state(store, 3, "first")
+    with pytest.raises(RuntimeError):
+        with store.begin() as w:
+            w.add_chunks([{"id": "b", "text": "b"}])
+            raise RuntimeError("again")
+    assert store.current().number == 1
+    assert not [e for e in kb_entries(root) if e.startswith(".")]
+
+
+def test_vector_count_mismatch_fails_commit_and_leaves_nothing(tmp_path, mode):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    with pytest.raises(ragproxy.StoreError, match="2 vectors for 3 chunks"):
+        with store.begin() as w:
+            w.add_chunks([{"id": str(i)} for i in range(3)])
+            w.add_vectors([[1.0, 0.0], [0.0, 1.0]])
+    assert store.current() is None
+    assert not [e for e in kb_entries(root) if e.startswith(".")]
+
+
+def test_writer_rejects_bad_input(tmp_path, mode):
+    store = ragproxy.KBStore(str(tmp_path / "kb"))
+    with store.begin() as w:
+        with pytest.raises(TypeError):
+            w.add_chunks(["not a dict"])
+        with pytest.raises(ValueError):
+            w.write_file("../escape", b"")
+        with pytest.raises(ValueError):
+            w.write_file("chunks.jsonl", b"")
+        w.add_vectors([[1.0, 0.0, 0.0]])
+        with pytest.raises(ValueError, match="dimensions"):
+            w.add_vectors([[1.0, 0.0]])
+        w.abort()
+    with pytest.raises(ragproxy.StoreError):
+        w.add_chunks([{"id": "late"}])
+    assert store.current() is None
+
+
+def test_copy_rows_carries_chunks_and_vectors_over(tmp_path, mode):
+    store = ragproxy.KBStore(str(tmp_path / "kb"), compact="f16")
+    chunks, rows = commit_state(store, 20, "base", dim=8)
+    old = store.current()
+    picked = [2, 5, 6, 7, 19, 0, 1]
+    with store.begin() as w:
+        w.copy_rows(old, picked)
+        w.add_chunks([{"id": "fresh"}])
+        w.add_vectors([[1.0] * 8])
+        w.copy_rows(old, [3])
+    gen = store.current()
+    assert list(gen.chunks) == [chunks[i] for i in picked] + [{"id": "fresh"}, chunks[3]]
+    assert gen.chunks[7] == {"id": "fresh"} and gen.chunks[8] == chunks[3]
+    got, before = as_lists(gen.vectors), as_lists(old.vectors)
+    assert got[:7] == [before[i] for i in picked]
+    assert got[7] == pytest.approx(unit([1.0] * 8), abs=1e-6)
+    assert got[8] == before[3]
+    assert len(gen.compact) == 9
+    with store.begin() as w:
+        with pytest.raises(IndexError):
+            w.copy_rows(gen, [9])
+        w.abort()
+
+
+def test_many_chunks_read_in_blocks_and_slices(tmp_path, mode):
+    store = ragproxy.KBStore(str(tmp_path / "kb"))
+    chunks = [{"id": i, "t": "x" * (i % 7)} for i in range(9000)]
+    with store.begin() as w:
+        w.add_chunks(chunks)
+    gen = ragproxy.KBStore(str(tmp_path / "kb")).current()
+    assert list(gen.chunks) == chunks
+    assert gen.chunks[4094:4099] == chunks[4094:4099]
+    assert gen.chunks[8999] == chunks[8999]
+    with pytest.raises(IndexError):
+        gen.chunks[9000]
+
+
+def test_gc_keeps_current_previous_and_open_generations(tmp_path, mode):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    commit_state(store, 2, "g1")
+    held = store.current()            # a reader holding generation 1
+    for n in range(2, 6):
+        commit_state(store, 2, "g%d" % n)
+    gens = [e for e in kb_entries(root) if e.startswith("g")]
+    assert gens == ["g000001", "g000004", "g000005"]
+    assert list(held.chunks)[0]["id"] == "g1-0"
+    del held
+    commit_state(store, 2, "g6")
+    assert [e for e in kb_entries(root) if e.startswith("g")] == ["g000005", "g000006"]
+
+
+def test_gc_on_open_removes_abandoned_temp_dirs(tmp_path, mode):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    commit_state(store, 2, "a")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = os.path.join(root, ".tmp-%d-deadbeef" % dead.pid)
+    os.mkdir(stale)
+    open(os.path.join(stale, "chunks.jsonl"), "w").write("{}\n")
+    trash = os.path.join(root, ".trash-%d-0123abcd" % dead.pid)
+    os.mkdir(trash)
+    live = os.path.join(root, ".tmp-%d-cafef00d" % os.getppid())  # a live writer elsewhere
+    os.mkdir(live)
+    ragproxy.KBStore(root)
+    entries = kb_entries(root)
+    assert os.path.basename(stale) not in entries and os.path.basename(trash) not in entries
+    assert os.path.basename(live) in entries
+    assert store.current().chunks[0]["id"] == "a-0"
+
+
+def test_garbage_current_falls_back_to_newest_complete(tmp_path, mode, caplog):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    commit_state(store, 3, "one")
+    commit_state(store, 4, "two")
+    # An unfinished writer's temp dir is newer but must never be chosen.
+    w = store.begin()
+    w.add_chunks([{"id": "unfinished"}])
+    open(os.path.join(root, "CURRENT"), "wb").write(b"\x00garbage")
+    with caplog.at_level(logging.WARNING, logger="ragproxy"):
+        gen = ragproxy.KBStore(root).current()
+    assert gen.number == 2 and len(gen) == 4
+    assert "CURRENT" in caplog.text
+    w.abort()
+
+
+def test_current_naming_missing_dir_falls_back(tmp_path, mode, caplog):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    commit_state(store, 3, "one")
+    open(os.path.join(root, "CURRENT"), "w").write("g000009\n")
+    with caplog.at_level(logging.WARNING, logger="ragproxy"):
+        gen = ragproxy.KBStore(root).current()
+    assert gen.number == 1
+    assert "g000009" in caplog.text
+
+
+def test_missing_current_falls_back(tmp_path, mode):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    commit_state(store, 3, "one")
+    os.unlink(os.path.join(root, "CURRENT"))
+    assert ragproxy.KBStore(root).current().number == 1
+
+
+def test_damaged_current_generation_falls_back_to_previous(tmp_path, mode, caplog):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    commit_state(store, 3, "one")
+    commit_state(store, 4, "two")
+    path = os.path.join(root, "g000002", "vectors.npy")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-4])
+    with caplog.at_level(logging.WARNING, logger="ragproxy"):
+        gen = ragproxy.KBStore(root).current()
+    assert gen.number == 1 and len(gen) == 3
+    assert "vectors.npy" in caplog.text
+
+
+def test_generation_without_meta_is_not_complete(tmp_path, mode):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    commit_state(store, 3, "one")
+    commit_state(store, 4, "two")
+    os.unlink(os.path.join(root, "g000002", "meta.json"))
+    os.unlink(os.path.join(root, "CURRENT"))
+    assert ragproxy.KBStore(root).current().number == 1
+
+
+def test_concurrent_commits_get_distinct_generations(tmp_path, mode):
+    root = str(tmp_path / "kb")
+    errors = []
+
+    def writer(tag):
+        try:
+            store = ragproxy.KBStore(root)
+            for i in range(5):
+                commit_state(store, 3, "%s%d" % (tag, i))
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    gen = ragproxy.KBStore(root).current()
+    assert gen.number == 10 and len(gen) == 3
+
+
+# --- dense search -----------------------------------------------------------------
+
+def test_dense_top_k_matches_brute_force(mode):
+    rows = random_rows(300, 16, seed=1)
+    vectors = [unit(r) for r in rows]
+    if mode == "numpy":
+        vectors = ragproxy._np.asarray(vectors, dtype=ragproxy._np.float32)
+    for seed in range(5):
+        query = random_rows(1, 16, seed=100 + seed)[0]
+        got = ragproxy.dense_top_k(vectors, query, 10)
+        want = brute_force(rows, query, 10)
+        assert [r for r, _ in got] == [i for _, i in want]
+        assert [s for _, s in got] == pytest.approx([s for s, _ in want], abs=1e-5)
+
+
+def test_dense_top_k_on_stored_vectors_and_candidates(tmp_path, mode):
+    store = ragproxy.KBStore(str(tmp_path / "kb"))
+    _, rows = commit_state(store, 200, "d", dim=12)
+    gen = store.current()
+    query = rows[17]
+    assert gen.dense_search(query, 1)[0][0] == 17
+    assert gen.dense_search(query, 1)[0][1] == pytest.approx(1.0, abs=1e-5)
+    cands = [3, 50, 199, 50]
+    got = ragproxy.dense_top_k(gen.vectors, query, 10, candidates=cands)
+    want = [(i, s) for s, i in brute_force(rows, query, 200) if i in cands]
+    assert [r for r, _ in got] == [i for i, _ in want]
+    assert ragproxy.dense_top_k(gen.vectors, query, 5, candidates=[]) == []
+    with pytest.raises(IndexError):
+        ragproxy.dense_top_k(gen.vectors, query, 5, candidates=[200])
+    assert len(ragproxy.dense_top_k(gen.vectors, query, 1000)) == 200
+
+
+def test_dense_top_k_edge_cases(mode):
+    vectors = [unit([1.0, 0.0]), unit([0.0, 1.0])]
+    assert ragproxy.dense_top_k(vectors, [0.0, 0.0], 3) == []
+    assert ragproxy.dense_top_k([], [1.0, 0.0], 3) == []
+    assert ragproxy.dense_top_k(vectors, [1.0, 0.0], 0) == []
+    with pytest.raises(ValueError, match="dimensions"):
+        ragproxy.dense_top_k(vectors, [1.0, 0.0, 0.0], 3)
+    # Ties go to the lower row, on both paths.
+    tied = [unit([1.0, 1.0])] * 4
+    assert [r for r, _ in ragproxy.dense_top_k(tied, [1.0, 1.0], 2)] == [0, 1]
+
+
+def test_numpy_top_k_selection_matches_a_full_sort():
+    if ragproxy._np is None:
+        pytest.skip("numpy disabled")
+    np = ragproxy._np
+    rng = random.Random(3)
+    for n in (50, 5000, 300000):
+        values = [round(rng.gauss(0.0, 1.0), 2) for _ in range(n)]  # plenty of ties
+        scores = np.asarray(values, dtype=np.float32)
+        ranked = sorted(range(n), key=lambda i: (-float(scores[i]), i)) if n < 10000 else None
+        if ranked is None:
+            as_float = scores.tolist()
+            ranked = sorted(range(n), key=lambda i: (-as_float[i], i))
+        for k in (1, 10, 40):
+            assert ragproxy._np_top(scores, None, k).tolist() == ranked[:k]
+
+
+def test_numpy_and_pure_agree(tmp_path, monkeypatch):
+    if ragproxy._np is None:
+        pytest.skip("numpy disabled")
+    store = ragproxy.KBStore(str(tmp_path / "kb"))
+    _, rows = commit_state(store, 500, "agree", dim=24)
+    path = store.current().dir
+    query = random_rows(1, 24, seed=7)[0]
+    fast = ragproxy.dense_top_k(ragproxy._npy_read_array(os.path.join(path, "vectors.npy")), query, 10)
+    monkeypatch.setattr(ragproxy, "_np", None)
+    slow = ragproxy.dense_top_k(ragproxy._npy_read_array(os.path.join(path, "vectors.npy")), query, 10)
+    assert [r for r, _ in fast] == [r for r, _ in slow]
+    assert [s for _, s in fast] == pytest.approx([s for _, s in slow], abs=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["f16", "i8"])
+def test_compact_copy_recall_and_exact_scores(tmp_path, mode, kind):
+    store = ragproxy.KBStore(str(tmp_path / "kb"), compact=kind)
+    n, dim = 1500 if mode == "numpy" else 400, 32
+    commit_state(store, n, "cmp", dim=dim)
+    gen = store.current()
+    assert gen.compact_kind == kind and len(gen.compact) == n
+    hits = total = 0
+    for seed in range(10):
+        query = random_rows(1, dim, seed=1000 + seed)[0]
+        exact = gen.dense_search(query, 10, use_compact=False)
+        approx = gen.dense_search(query, 10, oversample=4, use_compact=True)
+        exact_scores = dict(ragproxy.dense_top_k(gen.vectors, query, n))
+        for row, score in approx:  # re-scored against float32
+            assert score == pytest.approx(exact_scores[row], abs=1e-6)
+        hits += len({r for r, _ in exact} & {r for r, _ in approx})
+        total += 10
+    assert hits / total >= 0.95
+
+
+# --- crash safety ---------------------------------------------------------------------
+
+STATE_SRC = r'''
+def expected_state(i):
+    n = 1 + (i * 37) % 90
+    chunks = [{"id": "s%d-c%d" % (i, j), "state": i, "text": "line\n" * (j % 4) + "\u00e9%d" % j}
+              for j in range(n)]
+    vectors = None if i % 5 == 0 else [
+        [float((i + j) % 7 + 1), float(j % 5), 1.0, float(i % 3)] for j in range(n)]
+    return chunks, vectors, {"state": i, "n": n}, ("extra%d" % i).encode() * 50
+'''
+
+# A fork server: it imports ragproxy once, then for each start number on stdin
+# forks a worker that commits states start+1, start+2, ... until it is killed.
+# Its stdout: the worker's pid, "c N" as each state N is committed (written by
+# the worker itself), then "end" once the worker is dead and reaped.
+CRASH_CHILD = STATE_SRC + r'''
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import ragproxy
+root = sys.argv[2]
+print("ready", flush=True)
+for line in sys.stdin:
+    start = int(line)
+    pid = os.fork()
+    if pid == 0:
+        store = ragproxy.KBStore(root)
+        i = start
+        while True:
+            i += 1
+            chunks, vectors, manifest, extra = expected_state(i)
+            with store.begin() as wr:
+                wr.add_chunks(chunks)
+                if vectors is not None:
+                    wr.add_vectors(vectors)
+                wr.set_manifest(manifest)
+                wr.write_file("extra.bin", extra)
+            os.write(1, b"c %d\n" % i)
+    print(pid, flush=True)
+    os.waitpid(pid, 0)
+    print("end", flush=True)
+'''
+
+
+def check_generation_is_state(gen, state):
+    ns = {}
+    exec(STATE_SRC, ns)
+    chunks, vectors, manifest, extra = ns["expected_state"](state)
+    assert gen.manifest == manifest
+    assert len(gen.chunks) == len(chunks)
+    assert list(gen.chunks) == chunks  # every line parses and matches
+    assert gen.read_file("extra.bin") == extra
+    if vectors is None:
+        assert gen.vectors is None
+    else:
+        got = as_lists(gen.vectors)
+        assert len(got) == len(chunks)
+        for g, v in zip(got, vectors):
+            assert g == pytest.approx(unit(v), abs=1e-6)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork and SIGKILL")
+def test_sigkill_during_commits_never_exposes_a_partial_generation(tmp_path):
+    root = str(tmp_path / "kb")
+    here = os.path.dirname(os.path.abspath(ragproxy.__file__))
+    rng = random.Random(1234)
+    rounds = 30
+    # Half the rounds write with numpy, half with the stdlib path; both are
+    # read back here with whatever this process uses.
+    envs = [dict(os.environ), dict(os.environ, RAGPROXY_PURE="1")]
+    last_state = 0
+    for env in envs:
+        proc = subprocess.Popen([sys.executable, "-c", CRASH_CHILD, here, root], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            for _ in range(rounds // len(envs)):
+                proc.stdin.write("%d\n" % last_state)
+                proc.stdin.flush()
+                started = time.monotonic()
+                worker = int(proc.stdout.readline())
+                # Wait for one commit so the kill can land anywhere in the
+                # next one, however slow fsync is on this disk.
+                first = proc.stdout.readline().split()
+                assert first[0] == "c"
+                one_commit = time.monotonic() - started
+                time.sleep(rng.uniform(0.0, one_commit))
+                os.kill(worker, signal.SIGKILL)
+                committed = [int(first[1])]
+                for line in iter(proc.stdout.readline, "end\n"):
+                    assert line.startswith("c "), line
+                    committed.append(int(line.split()[1]))
+                gen = ragproxy.KBStore(root).current()
+                assert gen is not None
+                state = gen.manifest["state"]
+                # A commit that returned is durable; at most the one in flight is extra.
+                assert committed[-1] <= state <= committed[-1] + 1
+                check_generation_is_state(gen, state)
+                entries = os.listdir(root)
+                assert not [e for e in entries if e.startswith(".")]
+                assert len([e for e in entries if e.startswith("g")]) <= 2
+                last_state = state
+                del gen
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=10)
