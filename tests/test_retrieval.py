@@ -232,3 +232,38 @@ def test_failure_policies(make_proxy, fake, data_dir, policy):
         reply = client.chat.completions.create(model="llama3", messages=[
             {"role": "assistant", "content": "earlier"}] + question)
         assert reply.choices[0].message.content == "FOUND: " + SECRET
+
+
+def test_rerank_reorders_and_falls_back(make_proxy, fake, data_dir):
+    text = kb_config(fake.url, kbs="docs", model_extra=", rerank: true").replace(
+        "  rerank: {}", "") .replace("providers:\n", f'providers:\n  rerank:\n    rr: {{type: openai, base_url: '
+                                                    f'"{fake.url}/v1", model: fake-rerank}}\n', 1)
+    p = make_proxy(text, data_dir=data_dir)
+    p.app.knowledge_bases.index_all()
+    route = p.app.resolve_route("llama3")
+    hits = p.app.retriever.search(["docs"], "copper kettle whistles", route)
+    assert fake.last.path == "/v1/rerank"
+    assert "rerank" in hits[0].scores and OTHER in hits[0].chunk["text"]
+    fake.fail_next(503, path="/v1/rerank")
+    fallback = p.app.retriever.search(["docs"], "copper kettle whistles", route)
+    assert fallback and "rerank" not in fallback[0].scores  # fused order kept
+    fake.fail_next(401, path="/v1/rerank")
+    p.app.retriever.search(["docs"], "copper kettle", route)
+    calls = len([r for r in fake.requests if r.path == "/v1/rerank"])
+    p.app.retriever.search(["docs"], "copper kettle", route)
+    assert len([r for r in fake.requests if r.path == "/v1/rerank"]) == calls  # disabled after a 401
+
+
+@pytest.mark.parametrize("merge", ["priority", "concat", "rrf"])
+def test_kb_merge_modes(make_proxy, fake, data_dir, merge):
+    text = kb_config(fake.url, kbs="docs, code", model_extra=f", kb_merge: {merge}")
+    p = make_proxy(text, data_dir=data_dir)
+    p.app.knowledge_bases.index_all()
+    route = p.app.resolve_route("llama3")
+    hits = p.app.retriever.search(["docs", "code"], "rotate the signing key elephant", route, top_k=3)
+    kbs = [h.kb for h in hits]
+    assert set(kbs) <= {"docs", "code"} and len({h.id for h in hits}) == len(hits)
+    if merge == "priority":
+        assert kbs[0] == "docs"  # the first KB's results come first
+    else:
+        assert "code" in kbs  # merged across KBs

@@ -77,6 +77,7 @@ def test_keep_alive_serves_many_requests_on_one_connection(proxy, fake):
         assert headers.get("connection") != "close"
     sock.close()
     assert fake.connections_opened == 1  # the upstream connection was pooled too
+    assert len(fake.requests) == 5  # and no request was sent twice
 
 
 def test_stream_is_chunked_and_carries_sse_headers(proxy):
