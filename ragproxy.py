@@ -7038,7 +7038,7 @@ class KnowledgeBase:
                 report.chunks, report.generation = len(old), old.name
                 return
             if kept:
-                rows = old.rows_for_ids([cid for s in kept for cid in manifest[s]["chunk_ids"]])
+                rows = self._rows_of(old, manifest, kept, writer.chunk_count)
                 writer.copy_rows(old, rows)
                 forward.add_rows(old_forward, rows)
             bm25 = forward.bm25(spec.k1, spec.b)
@@ -7052,6 +7052,29 @@ class KnowledgeBase:
         generation = self.store.current()
         report.committed = True
         report.chunks, report.generation = len(generation), generation.name
+
+    @staticmethod
+    def _rows_of(old, manifest, kept, first_row):
+        """Rows of the kept sources' chunks in ``old``; their entries get their new row numbers.
+
+        Each source's chunks are contiguous, and its manifest entry says where
+        they start, so no chunk has to be read to find them.
+        """
+        if not all("row" in manifest[s] for s in kept):  # a store written before rows were recorded
+            ids = [cid for s in kept for cid in manifest[s]["chunk_ids"]]
+            rows, at = old.rows_for_ids(ids), first_row
+            for source in kept:
+                manifest[source] = dict(manifest[source], row=at)
+                at += len(manifest[source]["chunk_ids"])
+            return rows
+        rows, at = [], first_row
+        for source in kept:
+            entry = manifest[source]
+            start, count = entry["row"], len(entry["chunk_ids"])
+            rows.extend(range(start, start + count))
+            manifest[source] = dict(entry, row=at)
+            at += count
+        return rows
 
     def _read_and_chunk(self, source, path, size, report):
         """``(sha256, chunks)`` for one file, or None (recorded in the report) if it is skipped."""
@@ -7204,7 +7227,7 @@ class _EmbedBatch:
                 return
         start = 0
         for source, entry, chunks, _ in pending:
-            self.manifest[source] = entry
+            self.manifest[source] = dict(entry, row=self.writer.chunk_count)
             if not chunks:
                 continue
             self.writer.add_chunks([c.to_json() for c in chunks])
@@ -7248,14 +7271,26 @@ class _ForwardIndex:
 
     def add_rows(self, old, rows):
         """Append the entries of ``rows`` of an older forward index (``old``: dict of arrays)."""
-        counts = old["counts"]
-        starts = old["starts"]
-        for row in rows:
-            a, n = starts[row], counts[row]
-            self.terms.extend(old["terms"][a:a + n])
-            self.tfs.extend(old["tfs"][a:a + n])
-            self.counts.append(n)
-            self.lengths.append(old["lengths"][row])
+        if _np is None:
+            counts, starts = old["counts"], old["starts"]
+            for row in rows:
+                a, n = starts[row], counts[row]
+                self.terms.extend(old["terms"][a:a + n])
+                self.tfs.extend(old["tfs"][a:a + n])
+                self.counts.append(n)
+                self.lengths.append(old["lengths"][row])
+            return
+        np = _np
+        rows = np.asarray(rows, dtype=np.int64)
+        counts = np.asarray(old["counts"])[rows].astype(np.int64)
+        firsts = np.asarray(old["starts"])[rows]
+        # Positions of every entry of every row: each row's start, then +0, +1, ...
+        before = np.cumsum(counts) - counts
+        at = np.repeat(firsts - before, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+        self.terms.frombytes(np.asarray(old["terms"])[at].astype(np.int32).tobytes())
+        self.tfs.frombytes(np.asarray(old["tfs"])[at].astype(np.int32).tobytes())
+        self.counts.frombytes(counts.astype(np.int32).tobytes())
+        self.lengths.frombytes(np.asarray(old["lengths"])[rows].astype(np.int32).tobytes())
 
     def bm25(self, k1, b):
         self._drop_unused_terms()
@@ -7294,10 +7329,11 @@ class _ForwardIndex:
         for name in cls.FILES:
             arr = _npy_read_array(generation.path(f"fwd_{name}.npy"))
             out[name] = arr if _np is not None else array.array("i", arr.flat if arr.flat is not None else arr)
-        counts = out["counts"]
-        starts = array.array("q", [0])
-        starts.extend(itertools.accumulate(int(c) for c in counts))
-        out["starts"] = starts
+        if _np is not None:
+            out["starts"] = _np.concatenate(([0], _np.cumsum(out["counts"], dtype=_np.int64)))
+        else:
+            out["starts"] = array.array("q", [0])
+            out["starts"].extend(itertools.accumulate(out["counts"]))
         return out
 
 
