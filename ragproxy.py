@@ -30,10 +30,11 @@ Sections (each behind a ``# === N. Title ===`` banner, in dependency order):
   10. Knowledge bases
   11. API dialects
   12. Retrieval
-  13. Proxy core
-  14. Ollama translation
-  15. HTTP server
-  16. Command line
+  13. Request log and metrics
+  14. Proxy core
+  15. Ollama translation
+  16. HTTP server
+  17. Command line
 """
 from __future__ import annotations
 
@@ -88,6 +89,7 @@ import shutil
 import weakref
 import email.utils
 import glob
+import sqlite3
 import selectors
 
 __version__ = "0.1.0"
@@ -156,12 +158,14 @@ _add_vendored_path()
 _np = _probe("numpy")
 _yaml = _probe("yaml")
 _urllib3 = _probe("urllib3")
+_tiktoken = _probe("tiktoken")
 
 #: What is active, for ``--version`` and ``/health``.
 FEATURES = {
     "numpy": getattr(_np, "__version__", None),
     "pyyaml": getattr(_yaml, "__version__", None),
     "urllib3": getattr(_urllib3, "__version__", None),
+    "tiktoken": getattr(_tiktoken, "__version__", None),
     "pure": os.environ.get("RAGPROXY_PURE", "") not in ("", "0"),
 }
 
@@ -1929,25 +1933,30 @@ class Analyzer:
         return out
 
     def _analyze_piece(self, piece):
-        """Terms of one whitespace-free piece (may still hold Unicode punctuation)."""
-        if piece.isascii():
-            # After _BLANK_PUNCT only "." and "/" can separate word characters.
-            if "." not in piece and "/" not in piece:
-                return self._analyze_word(piece)
+        """Terms of one whitespace-free piece (may still hold Unicode punctuation).
+
+        Called once per distinct piece, which on code is ~5% of all pieces but
+        a third of the tokenizing time, hence the fast paths.
+        """
+        if not piece.isascii():
+            matches = _COMPOUND_RE.findall(piece)
+            if len(matches) != 1 or matches[0] != piece:
+                # "«name»" or "a—b": analyze the clean parts through the cache.
+                return tuple(_chain(map(self._word_cache.__getitem__, matches)))
+        # After _BLANK_PUNCT only "." and "/" can separate word characters.
+        if "." in piece or "/" in piece:
             parts = piece.replace("/", ".").split(".")
-            if all(parts):
-                return self._analyze_compound(piece, parts)
-        matches = _COMPOUND_RE.findall(piece)
-        if len(matches) == 1 and matches[0] == piece:
-            return self._analyze_compound(piece, piece.replace("/", ".").split("."))
-        # "name." or "«a/b»": analyze the clean parts through the cache.
-        return tuple(_chain(map(self._word_cache.__getitem__, matches)))
+            if not all(parts):  # ".attr", "end.", "a..b"
+                return tuple(_chain(map(self._word_cache.__getitem__,
+                                        _COMPOUND_RE.findall(piece))))
+            return self._analyze_compound(piece, parts)
+        return self._analyze_word(piece)
 
     def _analyze_compound(self, raw, parts):
-        if len(parts) == 1:
-            return self._analyze_word(raw)
+        cache = self._word_cache
         out = []
-        _drain(map(out.extend, map(self._word_cache.__getitem__, parts)))
+        for part in parts:
+            out += cache[part]
         whole = raw.casefold()
         if whole.startswith(_RECEIVERS):
             # "self.cache.get" is indexed as "cache.get": questions name the
@@ -1961,23 +1970,33 @@ class Analyzer:
 
     def _analyze_word(self, raw):
         """Terms of one run of word characters (an identifier or a word)."""
-        get = self._terms.get
         if raw.isascii():
-            if raw.isalpha() and raw.islower():
-                terms = get(raw)
-                return terms if terms is not None else self._word_terms(raw)
-            pieces = _ASCII_PIECE_RE.findall(raw) if self.split_identifiers else ()
-            whole = raw.lower().strip("_")
+            if raw.isalpha() and (raw.islower() or raw.istitle() or raw.isupper()):
+                return self._word_terms(raw.lower())   # a plain word
+            if raw.isdigit():
+                return self._word_terms(raw)
+            whole = raw.lower()
+            if not self.split_identifiers:
+                pieces = ()
+            elif whole == raw and whole.replace("_", "").isalpha():
+                pieces = whole.split("_")              # snake_case, the common case
+            else:
+                pieces = _ASCII_PIECE_RE.findall(raw)
+            whole = whole.strip("_")
         else:
             pieces = _UNICODE_PIECE_RE.findall(raw) if self.split_identifiers else ()
             whole = raw.casefold().strip("_")
-        if len(pieces) <= 1:
-            return self._word_terms(whole)
+        get = self._terms.get
         out = []
+        n = 0
         for piece in pieces:
-            piece = piece.casefold()
-            terms = get(piece)
-            out += terms if terms is not None else self._word_terms(piece)
+            if piece:
+                n += 1
+                piece = piece.casefold()
+                terms = get(piece)
+                out += terms if terms is not None else self._word_terms(piece)
+        if n <= 1:
+            return self._word_terms(whole)
         if len(whole) <= _MAX_TOKEN_LEN:
             out.append(whole)
         return tuple(out)
@@ -7120,15 +7139,18 @@ class KnowledgeBase:
             self._loaded = (generation, bm25)
             return self._loaded
 
-    def search(self, query, top_k=5, mode=None, min_lexical=None, min_dense=None):
+    def search(self, query, top_k=5, mode=None, min_lexical=None, min_dense=None, timings=None):
         """The best chunks for ``query``: a list of Hit, best first.
 
         Each retriever keeps its own scale and its own threshold: BM25 scores
         (unbounded, comparable within one query) must reach ``min_lexical``,
         cosine similarities (-1 to 1) must reach ``min_dense``; a cosine
         threshold is never applied to BM25 scores.  Hybrid fuses the two
-        filtered lists by reciprocal rank (weight / (60 + rank)).
+        filtered lists by reciprocal rank (weight / (60 + rank)).  ``timings``,
+        a dict, accumulates seconds per stage: lexical, embed, dense.
         """
+        timings = {} if timings is None else timings
+        clock = time.perf_counter
         mode = mode or self.spec.retrieval
         generation, bm25 = self.current()
         if generation is None or len(generation) == 0:
@@ -7136,13 +7158,20 @@ class KnowledgeBase:
         pool = top_k if mode != "hybrid" else max(50, top_k * 5)
         lexical = dense = []
         if mode in ("lexical", "hybrid") and bm25 is not None:
+            started = clock()
             lexical = bm25.search(self.analyzer.query_tokens(query), pool)
+            timings["lexical"] = timings.get("lexical", 0.0) + clock() - started
             if min_lexical is not None:
                 lexical = [(row, score) for row, score in lexical if score >= min_lexical and score > 0]
         if mode in ("dense", "hybrid"):
             if self.embedder is None or generation.vectors is None:
                 raise EmbeddingFatal(f"knowledge base {self.spec.name!r} has no vectors for {mode} search")
-            dense = generation.dense_search(self.embedder.embed_query(query), pool)
+            started = clock()
+            vector = self.embedder.embed_query(query)
+            embedded = clock()
+            dense = generation.dense_search(vector, pool)
+            timings["embed"] = timings.get("embed", 0.0) + embedded - started
+            timings["dense"] = timings.get("dense", 0.0) + clock() - embedded
             if min_dense is not None:
                 dense = [(row, score) for row, score in dense if score >= min_dense]
         if mode == "lexical":
@@ -7528,10 +7557,11 @@ class _LRU:
 class KnowledgeBases:
     """The configured knowledge bases, their embedders and the background indexer."""
 
-    def __init__(self, config, data_dir, http_pool, clock=time.time):
+    def __init__(self, config, data_dir, http_pool, clock=time.time, on_report=None):
         self.data_dir = data_dir
         self.http = http_pool
         self.clock = clock
+        self.on_report = on_report  # called with each IndexReport (metrics)
         self.kbs = {}
         self._signatures = {}
         self._lock = threading.Lock()
@@ -7580,6 +7610,8 @@ class KnowledgeBases:
             except Exception as exc:
                 log.error("kb %s: indexing failed: %s", kb.spec.name, exc)
         for report in reports:
+            if self.on_report is not None:
+                self.on_report(report)
             if report.committed or report.skipped:
                 log.info("indexed %s", report.summary())
                 for source, reason in report.skipped[:20]:
@@ -7614,12 +7646,26 @@ def _kb_spec(name, raw):
                   dense_weight=weights["dense"], compact=raw["compact"])
 
 
+def _tiktoken_counter():
+    """Exact token counts from tiktoken's cl100k_base, when it is installed and has its
+    encoding file (tiktoken downloads it on first use, which an air-gapped host cannot)."""
+    if _tiktoken is None:
+        return None
+    try:
+        encoding = _tiktoken.get_encoding("cl100k_base")
+    except Exception as exc:
+        log.info("tiktoken is installed but cl100k_base is not available (%s); estimating tokens", exc)
+        return None
+    return lambda text: len(encoding.encode(text, disallowed_special=()))
+
+
 class Retriever:
     """The request rewriter that puts knowledge-base context into requests."""
 
     def __init__(self, app, knowledge_bases):
         self.app = app
         self.kbs = knowledge_bases
+        self.count_tokens = _tiktoken_counter() or estimate_tokens_text
         self.turns = _LRU(app.config.rag["turn_cache_size"])
         self.stale = _LRU(app.config.rag["turn_cache_size"])
         self._disabled_rerankers = set()
@@ -7652,11 +7698,17 @@ class Retriever:
             return
         rag = self.app.config.rag
         payload = exchange.payload
+        clock = time.perf_counter
+        started = clock()
         query = extract_query(endpoint, payload, rag["query_source"], rag["max_query_bytes"])
-        exchange.retrieval = {"kbs": names, "outcome": "skipped"}
+        modes = sorted({self.kbs.get(n).spec.retrieval for n in names})
+        stages = {}
+        exchange.retrieval = {"kbs": names, "outcome": "skipped", "mode": "+".join(modes), "query": query,
+                              "stages": stages}
         if not query.strip():
             return
         turn = turn_key(endpoint, payload)
+        stages["query_build"] = clock() - started
         key = (turn, tuple(names), exchange.route.name, exchange.route.inject_mode) if turn else None
         found = self.turns.get(key) if key else None
         if found is not None:
@@ -7668,14 +7720,16 @@ class Retriever:
         if found.text and inject(endpoint, payload, found.text, exchange.route.inject_mode):
             exchange.changed = True
             exchange.response_headers.append(("X-Ragproxy-Sources", ",".join(found.sources)))
-        exchange.retrieval.update(sources=found.sources, hits=found.hits)
+        stages["total"] = clock() - started
+        exchange.retrieval.update(sources=found.sources, hits=found.hits, ms=stages["total"] * 1000.0,
+                                  context_tokens=self.count_tokens(found.text) if found.text else 0)
 
     def _retrieve(self, exchange, names, query):
         rag = self.app.config.rag
         policy = exchange.route.on_failure or rag["on_failure"]
         stale_key = (tuple(names), query)
         try:
-            hits = self.search(names, query, exchange.route)
+            hits = self.search(names, query, exchange.route, stages=exchange.retrieval["stages"])
         except (EmbeddingError, RerankError, StoreError, OSError, ValueError) as exc:
             log.warning("retrieval failed for %s (%s): %s", exchange.model, ",".join(names), exc)
             exchange.retrieval["outcome"] = "failed"
@@ -7692,7 +7746,7 @@ class Retriever:
         chunks = [dict(hit.chunk, content=hit.chunk.get("text", ""), score=round(hit.score, 4), kb=hit.kb)
                   for hit in hits]
         text, used = render_context(chunks, rag["inject_template"], rag["chunk_template"] or DEFAULT_CHUNK_TEMPLATE,
-                                    rag["max_context_tokens"], query)
+                                    rag["max_context_tokens"], query, count_tokens=self.count_tokens)
         outcome = "retrieved" if used else "no_match"
         exchange.retrieval["outcome"] = outcome
         found = Retrieved(text if used else "", tuple(c["id"] for c in used), outcome, self.app.clock(),
@@ -7701,8 +7755,12 @@ class Retriever:
             self.stale.put(stale_key, found)
         return found
 
-    def search(self, names, query, route=None, top_k=None):
-        """Search ``names`` and merge the lists per the route's ``kb_merge``."""
+    def search(self, names, query, route=None, top_k=None, stages=None):
+        """Search ``names`` and merge the lists per the route's ``kb_merge``.
+
+        ``stages``, if given, collects seconds spent per stage (lexical, embed,
+        dense, rerank) for the metrics.
+        """
         rag = self.app.config.rag
         top_k = top_k or rag["top_k"]
         rerank = bool(route and route.rerank) and self._reranker() is not None
@@ -7712,7 +7770,7 @@ class Retriever:
         for name in names:
             kb = self.kbs.get(name)
             hits = kb.search(query, pool, min_lexical=rag["lexical_min_score"],
-                             min_dense=rag["score_threshold"] or None)
+                             min_dense=rag["score_threshold"] or None, timings=stages)
             if merge == "priority":
                 lists.append(hits)
                 if sum(len(h) for h in lists) >= pool:
@@ -7738,7 +7796,10 @@ class Retriever:
                 seen.add(digest)
                 unique.append(hit)
         if rerank:
+            started = time.perf_counter()
             unique = self._rerank(query, unique[:pool])
+            if stages is not None:
+                stages["rerank"] = time.perf_counter() - started
         return unique[:top_k]
 
     def _reranker(self):
@@ -7767,7 +7828,784 @@ class Retriever:
         return out or hits
 
 
-# === 13. Proxy core ===
+# === 13. Request log and metrics ===
+# One entry dict per proxied request feeds both the SQLite request log (for the
+# dashboard and audits) and the Prometheus registry (for /metrics).  Logging must
+# never slow a request: record() only queues; a writer thread does the SQL.
+#
+# Public names: RequestLog, Metrics, REQUEST_LOG_FIELDS, RETRIEVAL_OUTCOMES,
+# RETRIEVAL_STAGES, DEFAULT_REQUEST_LOG_PATH
+
+DEFAULT_REQUEST_LOG_PATH = os.path.join("logs", "requests.db")
+
+#: Every outcome a request's retrieval can have.  "skipped" means retrieval was
+#: not attempted for this request, "none" that no knowledge base applied at all.
+RETRIEVAL_OUTCOMES = ("retrieved", "no_match", "degraded", "failed", "stale", "skipped", "cached", "none")
+_RETRIEVAL_ATTEMPTED = frozenset(("retrieved", "no_match", "degraded", "failed", "stale", "cached"))
+_RETRIEVAL_HITS = frozenset(("retrieved", "cached", "stale"))
+
+#: The stages the retrieval_seconds histogram is labelled with.
+RETRIEVAL_STAGES = ("query_build", "lexical", "embed", "dense", "rerank", "total")
+
+#: Keys of the entry dict handed to RequestLog.record() and Metrics.observe_request();
+#: each is a column of the ``requests`` table.  Missing keys are stored as NULL.
+REQUEST_LOG_FIELDS = (
+    "time",            # epoch seconds (float); stamped by record() when absent
+    "client",          # the client key's display name ("team", "key1"), never the key itself
+    "model",           # the model name the client asked for
+    "upstream",        # provider name
+    "endpoint",        # e.g. "chat", "messages"
+    "kbs",             # list of knowledge-base names (stored comma-separated)
+    "retrieval_mode",  # lexical / dense / hybrid ...
+    "outcome",         # one of RETRIEVAL_OUTCOMES
+    "chunk_ids",       # list of injected chunk ids (stored as JSON)
+    "context_tokens",  # tokens of injected context
+    "retrieval_ms",
+    "upstream_ms",
+    "total_ms",
+    "status",          # HTTP status returned to the client
+    "streamed",        # bool
+    "error",           # error text, if any
+    "query",           # the retrieval query; stored only when log_query is on
+)
+# Optional entry key read only by Metrics.observe_request(): "retrieval_stages",
+# a dict {stage: seconds} with stages from RETRIEVAL_STAGES.
+
+_REQLOG_MAX_ERROR_CHARS = 4096
+_REQLOG_MAX_QUERY_CHARS = 16384
+_REQLOG_BATCH_MAX = 500
+_REQLOG_SCHEMA_VERSION = 1
+_REQLOG_SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    id INTEGER PRIMARY KEY,
+    time REAL NOT NULL,
+    client TEXT,
+    model TEXT,
+    upstream TEXT,
+    endpoint TEXT,
+    kbs TEXT,
+    retrieval_mode TEXT,
+    outcome TEXT,
+    chunk_ids TEXT,
+    context_tokens INTEGER,
+    retrieval_ms REAL,
+    upstream_ms REAL,
+    total_ms REAL,
+    status INTEGER,
+    streamed INTEGER,
+    error TEXT,
+    query TEXT
+);
+CREATE INDEX IF NOT EXISTS requests_time ON requests (time);
+"""
+_REQLOG_INSERT = "INSERT INTO requests ({}) VALUES ({})".format(
+    ", ".join(REQUEST_LOG_FIELDS), ", ".join("?" * len(REQUEST_LOG_FIELDS)))
+
+
+class _FlushMarker:
+    """Put on the queue by flush(); the writer sets it once everything before it is committed."""
+
+    __slots__ = ("done",)
+
+    def __init__(self):
+        self.done = threading.Event()
+
+
+_REQLOG_STOP = object()
+
+
+def _text_or_none(value, limit=None):
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    return text[:limit] if limit else text
+
+
+def _number_or_none(value, kind=float):
+    if value is None or value == "":
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _kbs_text(value):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value or None
+    return ",".join(str(k) for k in value) or None
+
+
+def _row_values(entry, log_query):
+    """The INSERT parameters for one entry dict, in REQUEST_LOG_FIELDS order."""
+    chunk_ids = entry.get("chunk_ids")
+    return (
+        float(entry["time"]),
+        _text_or_none(entry.get("client")),
+        _text_or_none(entry.get("model")),
+        _text_or_none(entry.get("upstream")),
+        _text_or_none(entry.get("endpoint")),
+        _kbs_text(entry.get("kbs")),
+        _text_or_none(entry.get("retrieval_mode")),
+        _text_or_none(entry.get("outcome")),
+        json.dumps(list(chunk_ids) if chunk_ids else [], default=str),
+        _number_or_none(entry.get("context_tokens"), int),
+        _number_or_none(entry.get("retrieval_ms")),
+        _number_or_none(entry.get("upstream_ms")),
+        _number_or_none(entry.get("total_ms")),
+        _number_or_none(entry.get("status"), int),
+        1 if entry.get("streamed") else 0,
+        _text_or_none(entry.get("error"), _REQLOG_MAX_ERROR_CHARS),
+        _text_or_none(entry.get("query"), _REQLOG_MAX_QUERY_CHARS) if log_query else None,
+    )
+
+
+def _row_dict(row):
+    """A stored row back as the entry-shaped dict (lists for kbs and chunk_ids, bool streamed)."""
+    out = dict(row)
+    out["kbs"] = out["kbs"].split(",") if out["kbs"] else []
+    try:
+        out["chunk_ids"] = json.loads(out["chunk_ids"]) if out["chunk_ids"] else []
+    except ValueError:
+        out["chunk_ids"] = []
+    out["streamed"] = bool(out["streamed"])
+    return out
+
+
+class _StatsTally:
+    """Running figures for one slice of the stats (all requests, one model, one KB, one hour)."""
+
+    __slots__ = ("requests", "attempts", "hits", "errors", "latency_sum", "latency_n")
+
+    def __init__(self):
+        self.requests = self.attempts = self.hits = self.errors = self.latency_n = 0
+        self.latency_sum = 0.0
+
+    def add(self, outcome, n, errors, latency_sum, latency_n):
+        """Add ``n`` requests that share one outcome (a GROUP BY row of the stats query)."""
+        self.requests += n
+        self.errors += errors
+        if outcome in _RETRIEVAL_ATTEMPTED:
+            self.attempts += n
+            if outcome in _RETRIEVAL_HITS:
+                self.hits += n
+            if latency_n:
+                self.latency_sum += latency_sum
+                self.latency_n += latency_n
+
+    def average(self):
+        return self.latency_sum / self.latency_n if self.latency_n else None
+
+    def summary(self):
+        return {
+            "requests": self.requests,
+            "retrieval_attempts": self.attempts,
+            "retrieval_hits": self.hits,
+            "hit_rate": self.hits / self.attempts if self.attempts else None,
+            "retrieval_ms_avg": self.average(),
+            "errors": self.errors,
+        }
+
+
+# Aggregated in SQL: a day can hold 100k rows, and GROUP BY over them takes about
+# half the time of fetching them and tallying in Python (~0.3 s against ~0.65 s).
+_STATS_GROUPS = """
+SELECT model, kbs, outcome, CAST((time - :since) / 3600 AS INTEGER) AS hour, count(*),
+       sum(CASE WHEN (error IS NOT NULL AND error <> '') OR coalesce(status, 0) >= 400 THEN 1 ELSE 0 END),
+       sum(retrieval_ms), count(retrieval_ms)
+FROM requests WHERE time >= :since AND time <= :until
+GROUP BY model, kbs, outcome, hour
+"""
+_STATS_P95 = """
+SELECT retrieval_ms FROM requests
+WHERE time >= :since AND time <= :until AND retrieval_ms IS NOT NULL AND outcome IN ({})
+ORDER BY retrieval_ms LIMIT 1 OFFSET :skip
+""".format(", ".join("'%s'" % o for o in sorted(_RETRIEVAL_ATTEMPTED)))
+
+
+class RequestLog:
+    """The request log: an SQLite database in WAL mode, written by one background thread.
+
+    ``record(entry)`` never blocks: when the bounded queue is full the entry is
+    dropped and counted in ``dropped``.  Retention (``retention_days``,
+    ``max_rows``; 0 disables either) is enforced by the writer at start-up and
+    then every ``prune_interval`` seconds of ``clock`` time (and after every
+    max(1000, max_rows/10) rows, so a burst cannot overshoot far), never per insert.
+    Readers (query, get, stats) open their own connection per call, so any
+    thread may call them.  ``start=False`` leaves the writer stopped until
+    ``start()`` (tests use it to fill the queue deterministically).
+    """
+
+    def __init__(self, path=DEFAULT_REQUEST_LOG_PATH, clock=time.time, retention_days=30, max_rows=100_000,
+                 log_query=False, queue_size=10_000, prune_interval=60.0, start=True):
+        self.path = os.fspath(path)
+        self.clock = clock
+        self.retention_days = retention_days
+        self.max_rows = max_rows
+        self.log_query = bool(log_query)
+        self.prune_interval = prune_interval
+        self.dropped = 0        # entries refused because the queue was full (or the log closed)
+        self.written = 0        # rows committed
+        self.failed = 0         # entries the writer could not store (bad values, SQLite errors)
+        self.pruned = 0         # rows deleted by retention
+        self._queue = queue.Queue(maxsize=max(1, int(queue_size)))
+        self._lock = threading.Lock()
+        self._closed = False
+        self._warned = set()
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        # Opened here so a bad path fails at start-up, not silently in the thread.
+        self._conn = self._connect()
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        with self._conn:
+            self._conn.executescript(_REQLOG_SCHEMA)
+            self._conn.execute(f"PRAGMA user_version={_REQLOG_SCHEMA_VERSION}")
+        self._thread = threading.Thread(target=self._run, name="ragproxy-reqlog", daemon=True)
+        if start:
+            self.start()
+
+    def _connect(self):
+        conn = sqlite3.connect(self.path, timeout=10, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout=10000")
+        return conn
+
+    # -- writing ----------------------------------------------------------
+
+    def start(self):
+        """Start the writer thread (done by the constructor unless ``start=False``)."""
+        with self._lock:
+            if not self._thread.is_alive() and not self._thread.ident:
+                self._thread.start()
+
+    def record(self, entry):
+        """Queue one entry dict (see REQUEST_LOG_FIELDS); returns False if it was dropped."""
+        if self._closed:
+            self._count_drop()
+            return False
+        item = dict(entry)
+        if item.get("time") is None:
+            item["time"] = self.clock()
+        if not self.log_query:
+            item.pop("query", None)   # never keep the text around, even in memory
+        try:
+            self._queue.put_nowait(item)
+            return True
+        except queue.Full:
+            self._count_drop()
+            return False
+
+    def _count_drop(self):
+        with self._lock:
+            self.dropped += 1
+            first = self.dropped == 1
+        if first:
+            log.warning("request log: queue full, dropping entries (see RequestLog.dropped)")
+
+    def flush(self, timeout=5.0):
+        """Wait until everything recorded so far is committed; False on timeout or a stopped writer."""
+        if not self._thread.is_alive():
+            return False
+        marker = _FlushMarker()
+        deadline = time.monotonic() + timeout
+        try:
+            self._queue.put(marker, timeout=timeout)
+        except queue.Full:
+            return False
+        return marker.done.wait(max(0.0, deadline - time.monotonic()))
+
+    def close(self, timeout=10.0):
+        """Write what is queued, stop the writer and close the database.  Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.start()    # a never-started writer still owes its queue to the database
+        try:
+            self._queue.put(_REQLOG_STOP, timeout=timeout)
+        except queue.Full:
+            log.warning("request log: writer did not drain its queue; closing anyway")
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _run(self):
+        self._prune_logged()
+        last_prune = self.clock()
+        # A burst can outrun the clock-based period; bound the overshoot too.
+        prune_every_rows = max(1000, (self.max_rows or 0) // 10)
+        written_at_prune = self.written
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < _REQLOG_BATCH_MAX:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                entries = [b for b in batch if isinstance(b, dict)]
+                if entries:
+                    self._write(entries)
+                if (self.prune_interval is not None and self.clock() - last_prune >= self.prune_interval) \
+                        or (self.max_rows and self.written - written_at_prune >= prune_every_rows):
+                    self._prune_logged()
+                    last_prune, written_at_prune = self.clock(), self.written
+            except Exception as exc:   # the writer must outlive any one bad batch
+                self._warn_once("writer", f"request log: writer error: {exc!r}")
+            stop = False
+            for item in batch:
+                if isinstance(item, _FlushMarker):
+                    item.done.set()
+                elif item is _REQLOG_STOP:
+                    stop = True
+            if stop:
+                return
+
+    def _write(self, entries):
+        rows = []
+        for entry in entries:
+            try:
+                rows.append(_row_values(entry, self.log_query))
+            except Exception as exc:   # one malformed entry must not lose the batch
+                self.failed += 1
+                self._warn_once("entry", f"request log: skipping a malformed entry ({exc!r})")
+        if not rows:
+            return
+        try:
+            self._conn.execute("BEGIN")
+            self._conn.executemany(_REQLOG_INSERT, rows)
+            self._conn.execute("COMMIT")
+            self.written += len(rows)
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+            self.failed += len(rows)
+            self._warn_once("sqlite", f"request log: cannot write to {self.path}: {exc}")
+
+    def _warn_once(self, kind, message):
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("%s", message)
+
+    def _prune_logged(self):
+        try:
+            self.pruned += self._prune(self._conn, self.clock())
+        except sqlite3.Error as exc:
+            self._warn_once("prune", f"request log: retention failed on {self.path}: {exc}")
+
+    def _prune(self, conn, now):
+        deleted = 0
+        conn.execute("BEGIN")
+        try:
+            if self.retention_days:
+                cur = conn.execute("DELETE FROM requests WHERE time < ?", (now - self.retention_days * 86400.0,))
+                deleted += cur.rowcount
+            if self.max_rows:
+                # Rows beyond the newest max_rows, in insertion order.
+                cur = conn.execute(
+                    "DELETE FROM requests WHERE id <= "
+                    "(SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?)", (int(self.max_rows),))
+                deleted += cur.rowcount
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return deleted
+
+    # -- reading ----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _reader(self):
+        conn = sqlite3.connect(self.path, timeout=10)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA query_only=1")
+            yield conn
+        finally:
+            conn.close()
+
+    def query(self, since=None, until=None, model=None, kb=None, outcome=None, client=None, limit=100, offset=0):
+        """Logged requests, newest first.  ``outcome`` may be one name or a list of names."""
+        where, params = [], []
+        if since is not None:
+            where.append("time >= ?")
+            params.append(float(since))
+        if until is not None:
+            where.append("time <= ?")
+            params.append(float(until))
+        if model is not None:
+            where.append("model = ?")
+            params.append(model)
+        if client is not None:
+            where.append("client = ?")
+            params.append(client)
+        if kb is not None:
+            # Exact name inside the comma list; instr() has no wildcards to escape.
+            where.append("instr(',' || kbs || ',', ',' || ? || ',') > 0")
+            params.append(kb)
+        if outcome is not None:
+            names = [outcome] if isinstance(outcome, str) else list(outcome)
+            where.append("outcome IN ({})".format(", ".join("?" * len(names)) or "NULL"))
+            params.extend(names)
+        sql = "SELECT * FROM requests"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY time DESC, id DESC LIMIT ? OFFSET ?"
+        params += [max(0, int(limit)), max(0, int(offset))]
+        with self._reader() as conn:
+            return [_row_dict(r) for r in conn.execute(sql, params)]
+
+    def get(self, row_id):
+        """One logged request by its ``id``, or None."""
+        with self._reader() as conn:
+            row = conn.execute("SELECT * FROM requests WHERE id = ?", (int(row_id),)).fetchone()
+        return _row_dict(row) if row is not None else None
+
+    def count(self):
+        """Rows currently stored."""
+        with self._reader() as conn:
+            return conn.execute("SELECT count(*) FROM requests").fetchone()[0]
+
+    def stats(self, now=None, hours=24):
+        """Figures for the last ``hours`` hours (``since <= time <= now``).
+
+        Hit rate is (retrieved + cached + stale) over requests that attempted
+        retrieval (every outcome except skipped / none); latency figures are over
+        those same requests.  p95 is the nearest-rank percentile.  ``trend`` has
+        one bucket per hour, oldest first, bucket i covering
+        ``[since + i*3600, since + (i+1)*3600)`` (the last one also holds ``now``).
+        """
+        now = self.clock() if now is None else float(now)
+        hours = max(1, int(hours))
+        since = now - hours * 3600.0
+        params = {"since": since, "until": now}
+        overall = _StatsTally()
+        buckets = [_StatsTally() for _ in range(hours)]
+        models = collections.defaultdict(_StatsTally)
+        kbs = collections.defaultdict(_StatsTally)
+        outcomes = collections.Counter()
+        with self._reader() as conn:
+            for model, kb_text, outcome, hour, *figures in conn.execute(_STATS_GROUPS, params):
+                args = (outcome, *figures)
+                overall.add(*args)
+                buckets[min(hours - 1, hour)].add(*args)
+                models[model or ""].add(*args)
+                for name in (kb_text.split(",") if kb_text else ()):
+                    kbs[name].add(*args)
+                outcomes[outcome or "none"] += figures[0]
+            p95 = None
+            if overall.latency_n:
+                # Nearest rank: the ceil(0.95 n)-th smallest value.
+                rank = max(1, math.ceil(0.95 * overall.latency_n))
+                p95 = conn.execute(_STATS_P95, dict(params, skip=rank - 1)).fetchone()[0]
+        result = overall.summary()
+        result.update({
+            "since": since,
+            "until": now,
+            "hours": hours,
+            "retrieval_ms_p95": p95,
+            "outcomes": dict(outcomes),
+            "trend": [{"start": since + i * 3600.0, "requests": b.requests, "hits": b.hits,
+                       "retrieval_ms_avg": b.average()} for i, b in enumerate(buckets)],
+            "models": {name: tally.summary() for name, tally in sorted(models.items())},
+            "kbs": {name: tally.summary() for name, tally in sorted(kbs.items())},
+            "dropped": self.dropped,
+        })
+        return result
+
+
+# -- Prometheus metrics -------------------------------------------------------
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_METRICS_MAX_SERIES = 1000   # per family: a flood of odd model names must not eat memory
+
+
+def _prom_number(value):
+    value = float(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 2 ** 53:
+        return str(int(value))
+    return repr(value)
+
+
+def _prom_label_value(value):
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _prom_labels(pairs):
+    pairs = list(pairs)
+    if not pairs:
+        return ""
+    return "{" + ",".join(f'{k}="{_prom_label_value(v)}"' for k, v in pairs) + "}"
+
+
+class _MetricFamily:
+    kind = ""
+
+    def __init__(self, name, help_text, labelnames=()):
+        if not _METRIC_NAME.match(name):
+            raise ValueError(f"invalid metric name {name!r}")
+        for label in labelnames:
+            if not _LABEL_NAME.match(label) or label.startswith("__"):
+                raise ValueError(f"invalid label name {label!r} for {name}")
+        self.name, self.help, self.labelnames = name, help_text, tuple(labelnames)
+        self._lock = threading.Lock()
+        self._series = {}
+        self.overflow = 0   # observations refused because the family hit _METRICS_MAX_SERIES
+
+    def _key(self, labels):
+        if len(labels) != len(self.labelnames) or any(n not in labels for n in self.labelnames):
+            raise ValueError(f"{self.name} takes labels {list(self.labelnames)}, got {sorted(labels)}")
+        return tuple(str(labels[n]) for n in self.labelnames)
+
+    def _header(self):
+        help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
+        return [f"# HELP {self.name} {help_text}", f"# TYPE {self.name} {self.kind}"]
+
+
+class _PromCounter(_MetricFamily):
+    """A monotonically increasing value per label set."""
+
+    kind = "counter"
+
+    def inc(self, amount=1.0, /, **labels):
+        if amount < 0:
+            raise ValueError(f"{self.name}: counters only go up (got {amount})")
+        key = self._key(labels)
+        with self._lock:
+            if key not in self._series and len(self._series) >= _METRICS_MAX_SERIES:
+                self.overflow += 1
+                return
+            self._series[key] = self._series.get(key, 0.0) + amount
+
+    def value(self, **labels):
+        with self._lock:
+            return self._series.get(self._key(labels), 0.0)
+
+    def _samples(self, overrides):
+        with self._lock:
+            series = dict(self._series)
+        series.update(overrides)
+        if not series and not self.labelnames:
+            series[()] = 0.0
+        return [f"{self.name}{_prom_labels(zip(self.labelnames, key))} {_prom_number(v)}"
+                for key, v in sorted(series.items())]
+
+
+class _PromGauge(_PromCounter):
+    """A value that goes up and down; usually reported by a collector at render time."""
+
+    kind = "gauge"
+
+    def inc(self, amount=1.0, /, **labels):
+        key = self._key(labels)
+        with self._lock:
+            self._series[key] = self._series.get(key, 0.0) + amount
+
+    def set(self, value, /, **labels):
+        key = self._key(labels)
+        with self._lock:
+            self._series[key] = float(value)
+
+
+class _PromHistogram(_MetricFamily):
+    """Observations counted into cumulative ``le`` buckets, plus their sum and count."""
+
+    kind = "histogram"
+
+    def __init__(self, name, help_text, labelnames=(), buckets=()):
+        if "le" in labelnames:
+            raise ValueError(f"{name}: 'le' is reserved for histogram buckets")
+        super().__init__(name, help_text, labelnames)
+        bounds = sorted(float(b) for b in buckets if not math.isinf(float(b)))
+        if not bounds or len(set(bounds)) != len(bounds):
+            raise ValueError(f"{name}: buckets must be distinct and non-empty")
+        self.buckets = tuple(bounds)
+
+    def observe(self, value, /, **labels):
+        value = float(value)
+        key = self._key(labels)
+        # bisect_left: the first bound >= value, since a bucket counts value <= le.
+        slot = bisect.bisect_left(self.buckets, value)
+        with self._lock:
+            state = self._series.get(key)
+            if state is None:
+                if len(self._series) >= _METRICS_MAX_SERIES:
+                    self.overflow += 1
+                    return
+                state = self._series[key] = [[0] * (len(self.buckets) + 1), 0.0, 0]
+            state[0][slot] += 1
+            state[1] += value
+            state[2] += 1
+
+    def snapshot(self, **labels):
+        """``(cumulative bucket counts incl. +Inf, sum, count)`` for one label set."""
+        with self._lock:
+            state = self._series.get(self._key(labels))
+            counts, total, n = (list(state[0]), state[1], state[2]) if state else ([0] * (len(self.buckets) + 1), 0.0, 0)
+        return list(itertools.accumulate(counts)), total, n
+
+    def _samples(self, overrides):
+        with self._lock:
+            series = {k: (list(v[0]), v[1], v[2]) for k, v in self._series.items()}
+        if not series and not self.labelnames:
+            series[()] = ([0] * (len(self.buckets) + 1), 0.0, 0)
+        bounds = [_prom_number(b) for b in self.buckets] + ["+Inf"]
+        lines = []
+        for key, (counts, total, n) in sorted(series.items()):
+            pairs = list(zip(self.labelnames, key))
+            for le, cumulative in zip(bounds, itertools.accumulate(counts)):
+                lines.append(f"{self.name}_bucket{_prom_labels(pairs + [('le', le)])} {cumulative}")
+            lines.append(f"{self.name}_sum{_prom_labels(pairs)} {_prom_number(total)}")
+            lines.append(f"{self.name}_count{_prom_labels(pairs)} {n}")
+        return lines
+
+
+_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_UPSTREAM_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOKEN_BUCKETS = (0, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000)
+
+# ragproxy's metric families, all in one place: (kind, name, help, labels[, buckets]).
+_METRIC_FAMILIES = (
+    ("counter", "ragproxy_requests_total", "Proxied requests by model, retrieval outcome and HTTP status.",
+     ("model", "outcome", "status")),
+    ("histogram", "ragproxy_retrieval_seconds", "Retrieval time per stage in seconds.", ("stage",),
+     _SECONDS_BUCKETS),
+    ("histogram", "ragproxy_context_tokens", "Tokens of context injected per request that attempted retrieval.",
+     (), _TOKEN_BUCKETS),
+    ("histogram", "ragproxy_upstream_seconds", "Upstream response time in seconds by provider.", ("provider",),
+     _UPSTREAM_BUCKETS),
+    ("counter", "ragproxy_index_files_total", "Files seen by the indexer by result (indexed, skipped, deferred).",
+     ("kb", "result")),
+    ("counter", "ragproxy_index_errors_total", "Indexing errors by knowledge base.", ("kb",)),
+    ("counter", "ragproxy_request_log_dropped_total", "Request-log entries dropped because its queue was full.",
+     ()),
+    ("gauge", "ragproxy_kb_chunks", "Chunks in the knowledge base's current generation.", ("kb",)),
+    ("gauge", "ragproxy_kb_bytes", "Bytes of the knowledge base's current generation on disk.", ("kb",)),
+    ("gauge", "ragproxy_indexing_progress", "Fraction of the running indexing pass done (0 to 1).", ("kb",)),
+)
+_FAMILY_CLASSES = {"counter": _PromCounter, "gauge": _PromGauge, "histogram": _PromHistogram}
+
+
+class Metrics:
+    """A small thread-safe Prometheus registry rendering text exposition format 0.0.4.
+
+    ``Metrics()`` holds ragproxy's families (see ``_METRIC_FAMILIES``);
+    ``Metrics(predefined=False)`` starts empty.  Families are reached with
+    ``metrics["name"]``.  Collectors added with ``add_collector(fn)`` run at each
+    render; ``fn()`` returns ``[(name, labels_dict, value)]`` for counter or gauge
+    families, and those values replace stored ones for that render.
+    """
+
+    CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+    def __init__(self, predefined=True):
+        self._families = {}
+        self._collectors = []
+        self._lock = threading.Lock()
+        if predefined:
+            for kind, name, help_text, labels, *rest in _METRIC_FAMILIES:
+                self._register(_FAMILY_CLASSES[kind](name, help_text, labels, *rest))
+
+    def _register(self, family):
+        with self._lock:
+            old = self._families.get(family.name)
+            if old is not None:
+                if (old.kind, old.labelnames, getattr(old, "buckets", None)) != \
+                        (family.kind, family.labelnames, getattr(family, "buckets", None)):
+                    raise ValueError(f"metric {family.name} is already registered differently")
+                return old
+            self._families[family.name] = family
+            return family
+
+    def counter(self, name, help_text, labelnames=()):
+        return self._register(_PromCounter(name, help_text, labelnames))
+
+    def gauge(self, name, help_text, labelnames=()):
+        return self._register(_PromGauge(name, help_text, labelnames))
+
+    def histogram(self, name, help_text, labelnames=(), buckets=_SECONDS_BUCKETS):
+        return self._register(_PromHistogram(name, help_text, labelnames, buckets))
+
+    def __getitem__(self, name):
+        return self._families[name]
+
+    def __contains__(self, name):
+        return name in self._families
+
+    def add_collector(self, fn):
+        with self._lock:
+            self._collectors.append(fn)
+
+    def observe_request(self, entry):
+        """Update the request families from one request-log entry dict (see REQUEST_LOG_FIELDS)."""
+        outcome = entry.get("outcome") or "none"
+        status = entry.get("status")
+        self._families["ragproxy_requests_total"].inc(
+            model=entry.get("model") or "", outcome=outcome, status="" if status is None else str(status))
+        if outcome in _RETRIEVAL_ATTEMPTED:
+            stages = dict(entry.get("retrieval_stages") or {})
+            if "total" not in stages and entry.get("retrieval_ms") is not None:
+                stages["total"] = float(entry["retrieval_ms"]) / 1000.0
+            retrieval = self._families["ragproxy_retrieval_seconds"]
+            for stage, seconds in stages.items():
+                if seconds is not None:
+                    retrieval.observe(seconds, stage=stage)
+            if entry.get("context_tokens") is not None:
+                self._families["ragproxy_context_tokens"].observe(entry["context_tokens"])
+        if entry.get("upstream_ms") is not None and entry.get("upstream"):
+            self._families["ragproxy_upstream_seconds"].observe(
+                float(entry["upstream_ms"]) / 1000.0, provider=entry["upstream"])
+
+    def observe_index(self, kb, indexed=0, skipped=0, deferred=0, errors=0):
+        """Count one indexing pass's files (e.g. from an IndexReport) for knowledge base ``kb``."""
+        files = self._families["ragproxy_index_files_total"]
+        for result, n in (("indexed", indexed), ("skipped", skipped), ("deferred", deferred)):
+            if n:
+                files.inc(n, kb=kb, result=result)
+        if errors:
+            self._families["ragproxy_index_errors_total"].inc(errors, kb=kb)
+
+    def _collect(self):
+        overrides = collections.defaultdict(dict)
+        with self._lock:
+            collectors = list(self._collectors)
+        for fn in collectors:
+            try:
+                for name, labels, value in fn() or ():
+                    family = self._families.get(name)
+                    if family is None or family.kind == "histogram":
+                        raise ValueError(f"collector reported unknown or histogram metric {name!r}")
+                    overrides[name][family._key(dict(labels or {}))] = float(value)
+            except Exception as exc:   # a broken collector must not take /metrics down
+                log.warning("metrics collector %r failed: %s", fn, exc)
+        return overrides
+
+    def render(self):
+        """The whole registry in Prometheus text format 0.0.4."""
+        overrides = self._collect()
+        with self._lock:
+            families = sorted(self._families.values(), key=lambda f: f.name)
+        lines = []
+        for family in families:
+            lines += family._header()
+            lines += family._samples(overrides.get(family.name, {}))
+        return "\n".join(lines) + "\n"
+
+
+# === 14. Proxy core ===
 # Transport-neutral: App.handle() takes a parsed Request and returns a Response
 # or a StreamResponse.  Retrieval plugs in as a rewriter between parsing the
 # client's request and forwarding it (App.rewriters).
@@ -7829,6 +8667,16 @@ class Exchange:
     retrieval: dict = None     # what retrieval did, for the request log
 
 
+@dataclasses.dataclass
+class _Trace:
+    """What the request log and the metrics learn about one call."""
+
+    started: float
+    client: str = ""
+    exchange: Exchange = None
+    upstream_ms: float = None
+
+
 class ClientError(Exception):
     """A request the proxy refuses; rendered in the client's API error shape."""
 
@@ -7856,10 +8704,25 @@ class App:
         self.rng = rng or random.Random()
         self.http = http_pool or make_http_pool()
         self.started = clock()
-        self.knowledge_bases = KnowledgeBases(config, data_dir, self.http, clock) if data_dir else None
+        self.metrics = Metrics()
+        self.knowledge_bases = None
+        self.request_log = None
+        if data_dir:
+            self.knowledge_bases = KnowledgeBases(config, data_dir, self.http, clock, on_report=self._observe_index)
+            self.request_log = RequestLog(os.path.join(data_dir, DEFAULT_REQUEST_LOG_PATH), clock=clock,
+                                          log_query=config.raw["security"]["log_query"])
+            self.metrics.add_collector(self._collect_gauges)
         self.retriever = Retriever(self, self.knowledge_bases) if self.knowledge_bases else None
         # Callables(exchange) run between parsing and forwarding; retrieval is the first.
         self.rewriters = [self.retriever] if self.retriever else []
+
+    def close(self):
+        """Flush the request log and drop pooled connections."""
+        if self.knowledge_bases is not None:
+            self.knowledge_bases.stop()
+        if self.request_log is not None:
+            self.request_log.close()
+        self.http.close()
 
     def reload(self, config):
         """Switch to a new config; requests in flight finish on the old one."""
@@ -7867,24 +8730,75 @@ class App:
         if self.knowledge_bases is not None:
             self.knowledge_bases.configure(config)
             self.retriever.reset_rerankers()
+        if self.request_log is not None:
+            self.request_log.log_query = config.raw["security"]["log_query"]
 
     # -- entry point --------------------------------------------------------
 
     def handle(self, request):
         path = _normalize_path(request.path)
         dialect = _dialect_for_path(path)
+        trace = _Trace(self.clock())
         try:
-            return self._dispatch(request, path, dialect)
+            response = self._dispatch(request, path, dialect, trace)
         except ClientError as exc:
-            return _error_response(dialect, exc.status, exc.message, exc.code, exc.headers)
+            response = _error_response(dialect, exc.status, exc.message, exc.code, exc.headers)
         except RetrievalFailed as exc:
-            return _error_response(dialect, 502, str(exc), "rag_retrieval_failed")
+            response = _error_response(dialect, 502, str(exc), "rag_retrieval_failed")
         except UpstreamError as exc:
             status = 504 if exc.kind == "timeout" else 502
             log.warning("upstream %s for %s %s: %s", exc.kind, request.method, path, exc)
-            return _error_response(dialect, status, str(exc), "upstream_" + exc.kind)
+            response = _error_response(dialect, status, str(exc), "upstream_" + exc.kind)
+        if trace.exchange is None:
+            return response
+        if isinstance(response, StreamResponse):
+            return dataclasses.replace(response, chunks=self._logged_stream(response, trace))
+        error = response.body[:2000].decode("utf-8", "replace") if response.status >= 400 else None
+        self._record(trace, response.status, False, error)
+        return response
 
-    def _dispatch(self, request, path, dialect):
+    def _logged_stream(self, response, trace):
+        """The stream's chunks; the call is logged once the stream ends, however it ends."""
+        error = None
+        try:
+            yield from response.chunks
+        except GeneratorExit:
+            error = "client disconnected mid-stream"
+            raise
+        finally:
+            self._record(trace, response.status, True, error)
+
+    def _record(self, trace, status, streamed, error=None):
+        exchange = trace.exchange
+        retrieval = exchange.retrieval or {}
+        entry = {"time": trace.started, "client": trace.client, "model": exchange.model,
+                 "upstream": exchange.provider.name, "endpoint": exchange.endpoint.name,
+                 "kbs": retrieval.get("kbs", []), "retrieval_mode": retrieval.get("mode"),
+                 "outcome": retrieval.get("outcome", "none"), "chunk_ids": list(retrieval.get("sources", ())),
+                 "context_tokens": retrieval.get("context_tokens"), "retrieval_ms": retrieval.get("ms"),
+                 "retrieval_stages": retrieval.get("stages"), "upstream_ms": trace.upstream_ms,
+                 "total_ms": (self.clock() - trace.started) * 1000.0, "status": status, "streamed": streamed,
+                 "error": error or retrieval.get("error"), "query": retrieval.get("query")}
+        self.metrics.observe_request(entry)
+        if self.request_log is not None:
+            self.request_log.record(entry)
+
+    def _observe_index(self, report):
+        self.metrics.observe_index(report.kb, indexed=report.added + report.changed, skipped=len(report.skipped),
+                                   deferred=len(report.deferred))
+
+    def _collect_gauges(self):
+        out = []
+        for name, kb in list(self.knowledge_bases.kbs.items()):
+            stats = kb.stats()
+            progress = stats["done"] / stats["total"] if stats["state"] == "indexing" and stats["total"] else 1.0
+            out += [("ragproxy_kb_chunks", {"kb": name}, stats["chunks"]),
+                    ("ragproxy_kb_bytes", {"kb": name}, stats["bytes"]),
+                    ("ragproxy_indexing_progress", {"kb": name}, progress)]
+        out.append(("ragproxy_request_log_dropped_total", {}, self.request_log.dropped))
+        return out
+
+    def _dispatch(self, request, path, dialect, trace):
         method = request.method
         if method == "HEAD" and path == "/":
             return Response(200, [("Content-Type", "text/plain; charset=utf-8")])
@@ -7892,13 +8806,16 @@ class App:
             return _json_response(200, self._health())
         if path == "/" and method == "GET":
             return _json_response(200, {"name": "ragproxy", "version": __version__})
+        if path == "/metrics" and method == "GET":
+            return Response(200, [("Content-Type", Metrics.CONTENT_TYPE)], self.metrics.render().encode("utf-8"))
         if not (path.startswith("/v1/") or path.startswith("/api/")):
             raise ClientError(404, f"no such endpoint: {method} {path}", "not_found")
         if not (path == "/api/version" and method == "GET"):
-            self._authenticate(request)
+            key = self._authenticate(request)
+            trace.client = key["name"] if key else ""
         endpoint = ENDPOINTS.get((method, path))
         if endpoint is not None:
-            return self._proxy(request, path, endpoint)
+            return self._proxy(request, path, endpoint, trace)
         if method == "GET" and path == "/v1/models":
             return self._list_models(request)
         if method == "GET" and path in ("/api/tags", "/api/version"):
@@ -7985,7 +8902,7 @@ class App:
             raise ClientError(400, "'model' must be a string", "invalid_type")
         return payload
 
-    def _proxy(self, request, path, endpoint):
+    def _proxy(self, request, path, endpoint, trace):
         payload = self._parse_body(request, endpoint)
         model, kb_override = split_model_kbs(payload.get("model", ""))
         route = self.resolve_route(model)
@@ -7994,6 +8911,7 @@ class App:
                                    "or a '*' catch-all)", "model_not_found")
         provider = self._pick_provider(route, endpoint.dialect)
         exchange = Exchange(request, endpoint, payload, route, provider, model, kb_override=kb_override)
+        trace.exchange = exchange
         upstream_model = route.upstream_model or model
         if upstream_model != payload.get("model", ""):
             payload["model"] = upstream_model
@@ -8006,7 +8924,10 @@ class App:
             return _translate_ollama_call(self, exchange)
         body = _json_bytes(payload) if exchange.changed else request.body
         url = _upstream_url(provider, path, request.query)
-        return self._send(request, endpoint.dialect, provider, "POST", url, body, exchange.response_headers)
+        sent = self.clock()
+        response = self._send(request, endpoint.dialect, provider, "POST", url, body, exchange.response_headers)
+        trace.upstream_ms = (self.clock() - sent) * 1000.0  # to the response headers
+        return response
 
     def _forward_other(self, request, path, dialect):
         """Any other /v1 or /api path: to the requested model's provider, else the catch-all."""
@@ -8187,7 +9108,7 @@ def _last_event_end(buf, sse):
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
-# === 14. Ollama translation ===
+# === 15. Ollama translation ===
 # Tools that speak Ollama's native API (/api/chat, /api/generate) can be served
 # by an OpenAI-compatible upstream: requests become chat completions and the
 # answer (JSON or SSE) is turned back into Ollama JSON or NDJSON.
@@ -8371,7 +9292,7 @@ def _sse_to_ndjson(upstream, reply):
         yield _json_bytes({"error": f"upstream failed mid-stream: {exc}"}) + b"\n"
 
 
-# === 15. HTTP server ===
+# === 16. HTTP server ===
 
 # A thin adapter from http.server to App.handle(): parse the wire request,
 # enforce size limits, write the response in as few writes as possible (the
@@ -8725,7 +9646,7 @@ def make_server(app, host="127.0.0.1", port=0):
     return _Server((host, port), app)
 
 
-# === 16. Command line ===
+# === 17. Command line ===
 # ``python ragproxy.py [serve] ...``: the data directory, logging, the config
 # file watcher and the server loop.
 
@@ -9065,9 +9986,8 @@ def _serve(data_dir, config_path, overrides, config, environ):
         server.serve_forever(poll_interval=0.5)
     finally:
         watcher.stop()
-        app.knowledge_bases.stop()
         server.server_close()
-        app.http.close()
+        app.close()
         log.info("ragproxy stopped")
     return 0
 

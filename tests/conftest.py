@@ -65,7 +65,7 @@ class RunningProxy:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
-        self.app.http.close()
+        self.app.close()
 
 
 @pytest.fixture

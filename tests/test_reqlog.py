@@ -1,0 +1,482 @@
+"""Tests for the request log (SQLite, background writer) and the Prometheus metrics registry."""
+import math
+import random
+import sqlite3
+import threading
+
+import pytest
+
+import ragproxy
+
+T0 = 1_700_000_000.0
+
+
+class FakeClock:
+    def __init__(self, now=T0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def open_log(tmp_path, clock):
+    logs = []
+
+    def make(**kwargs):
+        kwargs.setdefault("clock", clock)
+        rl = ragproxy.RequestLog(str(tmp_path / "logs" / "requests.db"), **kwargs)
+        logs.append(rl)
+        return rl
+
+    yield make
+    for rl in logs:
+        rl.close()
+
+
+def entry(**fields):
+    base = {"client": "team", "model": "gpt-4o", "upstream": "oa", "endpoint": "chat", "kbs": ["docs"],
+            "retrieval_mode": "hybrid", "outcome": "retrieved", "chunk_ids": ["docs:a.md#0"],
+            "context_tokens": 120, "retrieval_ms": 12.5, "upstream_ms": 800.0, "total_ms": 815.0,
+            "status": 200, "streamed": True, "error": None, "query": "how do I deploy"}
+    base.update(fields)
+    return base
+
+
+# --- writing and reading back --------------------------------------------------
+
+def test_records_round_trip_through_the_queue(open_log):
+    rl = open_log()
+    assert rl.record(entry(time=T0 - 5)) is True
+    assert rl.flush()
+    [row] = rl.query()
+    assert row["id"] >= 1 and row["time"] == T0 - 5
+    assert (row["client"], row["model"], row["upstream"], row["endpoint"]) == ("team", "gpt-4o", "oa", "chat")
+    assert row["kbs"] == ["docs"] and row["chunk_ids"] == ["docs:a.md#0"]
+    assert (row["retrieval_mode"], row["outcome"], row["context_tokens"]) == ("hybrid", "retrieved", 120)
+    assert (row["retrieval_ms"], row["upstream_ms"], row["total_ms"]) == (12.5, 800.0, 815.0)
+    assert row["status"] == 200 and row["streamed"] is True and row["error"] is None
+    assert rl.get(row["id"]) == row
+    assert rl.get(row["id"] + 1) is None
+
+
+def test_time_is_stamped_from_the_clock_when_absent(open_log, clock):
+    rl = open_log()
+    clock.now = T0 + 123.25
+    rl.record(entry())
+    rl.flush()
+    assert rl.query()[0]["time"] == T0 + 123.25
+
+
+def test_query_filters_and_orders_newest_first(open_log):
+    rl = open_log()
+    rl.record(entry(time=T0 + 1, model="a", kbs=["docs"], outcome="retrieved"))
+    rl.record(entry(time=T0 + 3, model="b", kbs=["docs", "code"], outcome="no_match"))
+    rl.record(entry(time=T0 + 2, model="a", kbs=["doc"], outcome="failed", status=502, error="boom"))
+    rl.record(entry(time=T0 + 4, model="a", kbs=[], outcome="skipped", chunk_ids=[]))
+    rl.flush()
+
+    def times(**kw):
+        return [r["time"] - T0 for r in rl.query(**kw)]
+
+    assert times() == [4, 3, 2, 1]
+    assert times(model="a") == [4, 2, 1]
+    # exact knowledge-base names: "doc" is not "docs"
+    assert times(kb="docs") == [3, 1]
+    assert times(kb="doc") == [2]
+    assert times(kb="code") == [3]
+    assert times(outcome="failed") == [2]
+    assert times(outcome=["retrieved", "no_match"]) == [3, 1]
+    assert times(since=T0 + 2, until=T0 + 3) == [3, 2]
+    assert times(limit=2) == [4, 3]
+    assert times(limit=2, offset=2) == [2, 1]
+    assert times(model="a", kb="docs") == [1]
+    assert times(client="nobody") == []
+    skipped = rl.query(outcome="skipped")[0]
+    assert skipped["kbs"] == [] and skipped["chunk_ids"] == []
+    assert rl.query(outcome="failed")[0]["error"] == "boom"
+
+
+def test_query_text_is_stored_only_with_log_query(tmp_path, clock):
+    with ragproxy.RequestLog(str(tmp_path / "off.db"), clock=clock) as off:
+        off.record(entry(query="secret question"))
+        off.flush()
+        assert off.query()[0]["query"] is None
+    with ragproxy.RequestLog(str(tmp_path / "on.db"), clock=clock, log_query=True) as on:
+        on.record(entry(query="how do I deploy"))
+        on.flush()
+        assert on.query()[0]["query"] == "how do I deploy"
+    raw = sqlite3.connect(str(tmp_path / "off.db")).execute("SELECT count(*) FROM requests WHERE query IS NOT NULL")
+    assert raw.fetchone()[0] == 0
+
+
+def test_a_malformed_entry_is_skipped_without_losing_its_batch(open_log):
+    rl = open_log(start=False)
+    rl.record(entry(time=T0 + 1))
+    rl.record(entry(time="not a time"))
+    rl.record(entry(time=T0 + 2, context_tokens="lots"))
+    rl.start()
+    rl.flush()
+    assert [r["time"] - T0 for r in rl.query()] == [2, 1]
+    assert rl.query()[0]["context_tokens"] is None
+    assert rl.failed == 1 and rl.written == 2
+
+
+# --- retention -----------------------------------------------------------------
+
+def test_retention_by_age_runs_periodically_not_per_insert(open_log, clock):
+    rl = open_log(retention_days=1, max_rows=0, prune_interval=60)
+    rl.record(entry(time=T0 - 2 * 86400))          # already too old
+    rl.record(entry(time=T0 - 3600))
+    rl.flush()
+    assert rl.count() == 2                          # not pruned on insert
+    clock.now += 60
+    rl.record(entry(time=clock.now))
+    rl.flush()
+    assert [r["time"] for r in rl.query()] == [T0 + 60, T0 - 3600]
+    assert rl.pruned == 1
+
+
+def test_retention_by_row_count_keeps_the_newest(open_log, clock):
+    rl = open_log(max_rows=10, prune_interval=60)
+    for i in range(25):
+        rl.record(entry(time=T0 + i))
+    rl.flush()
+    assert rl.count() == 25
+    clock.now += 61
+    rl.record(entry(time=T0 + 25))
+    rl.flush()
+    assert [r["time"] - T0 for r in rl.query(limit=100)] == list(range(25, 15, -1))
+
+
+def test_database_is_wal_survives_reopening_and_prunes_at_startup(tmp_path, clock):
+    path = str(tmp_path / "logs" / "requests.db")
+    with ragproxy.RequestLog(path, clock=clock, retention_days=30) as rl:
+        rl.record(entry(time=T0 - 40 * 86400, model="ancient"))
+        rl.record(entry(time=T0 - 86400, model="recent"))
+        # close() without flush(): close must write what is queued
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert sqlite3.connect(path).execute("SELECT count(*) FROM requests").fetchone()[0] == 2
+    with ragproxy.RequestLog(path, clock=clock, retention_days=30) as again:
+        again.record(entry(time=T0, model="new"))
+        again.flush()
+        assert [r["model"] for r in again.query()] == ["new", "recent"]
+
+
+# --- never blocking ------------------------------------------------------------
+
+def test_full_queue_drops_and_counts_without_blocking(open_log):
+    rl = open_log(queue_size=3, start=False)    # writer paused: nothing drains the queue
+    results = []
+    worker = threading.Thread(target=lambda: results.extend(rl.record(entry(time=T0 + i)) for i in range(10)))
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "record() blocked on a full queue"
+    assert results == [True] * 3 + [False] * 7
+    assert rl.dropped == 7
+    rl.start()
+    assert rl.flush()
+    assert [r["time"] - T0 for r in rl.query()] == [2, 1, 0]
+
+
+def test_record_after_close_is_dropped(open_log):
+    rl = open_log()
+    rl.close()
+    assert rl.record(entry()) is False
+    assert rl.dropped == 1
+    assert rl.flush() is False
+
+
+def test_concurrent_record_from_many_threads(open_log):
+    rl = open_log()
+    threads, per_thread = 8, 400
+
+    def work(n):
+        for i in range(per_thread):
+            rl.record(entry(time=T0 + i, client=f"key{n}", chunk_ids=[f"c{n}:{i}"]))
+
+    pool = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert rl.flush()
+    rows = rl.query(limit=10_000)
+    assert len(rows) == threads * per_thread and rl.dropped == 0
+    assert sorted(r["chunk_ids"][0] for r in rows) == sorted(
+        f"c{n}:{i}" for n in range(threads) for i in range(per_thread))
+    assert len({r["id"] for r in rows}) == len(rows)
+
+
+# --- stats -----------------------------------------------------------------------
+
+def test_stats_against_hand_computed_figures(open_log, clock):
+    rl = open_log()
+    now = clock.now
+    since = now - 24 * 3600
+    rows = [
+        # time, model, kbs, outcome, retrieval_ms, status, error
+        (now - 10, "a", ["docs"], "retrieved", 10.0, 200, None),
+        (now - 20, "a", ["docs", "code"], "cached", 1.0, 200, None),
+        (now - 30, "b", ["code"], "no_match", 30.0, 200, None),
+        (now - 2 * 3600 - 5, "b", ["docs"], "failed", 200.0, 502, "boom"),
+        (now - 2 * 3600 - 10, "a", [], "skipped", None, 200, None),
+        (now - 5 * 3600, "a", ["docs"], "stale", 50.0, 200, None),
+        (since, "c", [], "none", None, 200, None),                       # the window's first instant
+        (since - 1, "a", ["docs"], "retrieved", 5.0, 200, None),        # outside the window
+    ]
+    for t, model, kbs, outcome, ms, status, error in rows:
+        rl.record(entry(time=t, model=model, kbs=kbs, outcome=outcome, retrieval_ms=ms, status=status, error=error))
+    rl.flush()
+    s = rl.stats()
+    assert (s["since"], s["until"], s["hours"]) == (since, now, 24)
+    assert s["requests"] == 7
+    assert s["retrieval_attempts"] == 5 and s["retrieval_hits"] == 3
+    assert s["hit_rate"] == pytest.approx(0.6)
+    assert s["retrieval_ms_avg"] == pytest.approx((10 + 1 + 30 + 200 + 50) / 5)
+    assert s["retrieval_ms_p95"] == 200.0
+    assert s["errors"] == 1
+    assert s["outcomes"] == {"retrieved": 1, "cached": 1, "no_match": 1, "failed": 1, "skipped": 1,
+                             "stale": 1, "none": 1}
+
+    trend = s["trend"]
+    assert len(trend) == 24
+    assert [b["start"] for b in trend] == [since + i * 3600 for i in range(24)]
+    busy = {i: (b["requests"], b["hits"], b["retrieval_ms_avg"]) for i, b in enumerate(trend) if b["requests"]}
+    assert busy == {0: (1, 0, None), 19: (1, 1, 50.0), 21: (2, 0, 200.0), 23: (3, 2, pytest.approx(41 / 3))}
+
+    assert s["models"]["a"] == {"requests": 4, "retrieval_attempts": 3, "retrieval_hits": 3, "hit_rate": 1.0,
+                                "retrieval_ms_avg": pytest.approx(61 / 3), "errors": 0}
+    assert s["models"]["b"] == {"requests": 2, "retrieval_attempts": 2, "retrieval_hits": 0, "hit_rate": 0.0,
+                                "retrieval_ms_avg": 115.0, "errors": 1}
+    assert s["models"]["c"]["hit_rate"] is None
+    assert s["kbs"]["docs"]["requests"] == 4 and s["kbs"]["docs"]["hit_rate"] == 0.75
+    assert s["kbs"]["code"]["requests"] == 2 and s["kbs"]["code"]["hit_rate"] == 0.5
+    assert set(s["kbs"]) == {"docs", "code"}
+
+
+def test_stats_p95_is_nearest_rank(open_log):
+    rl = open_log()
+    values = list(range(1, 31))
+    random.Random(7).shuffle(values)
+    for ms in values:
+        rl.record(entry(time=T0 - ms, retrieval_ms=float(ms)))
+    rl.flush()
+    s = rl.stats(now=T0, hours=1)
+    assert s["retrieval_ms_p95"] == 29.0          # ceil(0.95 * 30) = 29th smallest (interpolation gives 28.55)
+    assert s["retrieval_ms_avg"] == 15.5
+    assert len(s["trend"]) == 1 and s["trend"][0]["requests"] == 30
+
+
+def test_stats_on_an_empty_log(open_log):
+    s = open_log().stats()
+    assert s["requests"] == 0 and s["hit_rate"] is None and s["retrieval_ms_p95"] is None
+    assert s["models"] == {} and all(b["requests"] == 0 for b in s["trend"])
+
+
+# --- metrics ------------------------------------------------------------------------
+
+TRICKY = 'we"ird\\model\nname'
+
+
+def observe_sample_requests(metrics):
+    metrics.observe_request(entry(model="gpt-4o", outcome="retrieved", status=200, retrieval_ms=30.0,
+                                  context_tokens=300, upstream="oa", upstream_ms=800.0,
+                                  retrieval_stages={"lexical": 0.004, "embed": 0.02}))
+    metrics.observe_request(entry(model="gpt-4o", outcome="retrieved", status=200, retrieval_ms=3.0,
+                                  context_tokens=1500, upstream="oa", upstream_ms=2000.0, retrieval_stages=None))
+    metrics.observe_request(entry(model=TRICKY, outcome="skipped", status=502, retrieval_ms=None,
+                                  context_tokens=None, upstream="an", upstream_ms=100.0))
+
+
+def test_render_text_escapes_label_values():
+    m = ragproxy.Metrics()
+    observe_sample_requests(m)
+    text = m.render()
+    assert text.endswith("\n")
+    assert '# TYPE ragproxy_requests_total counter' in text
+    assert 'ragproxy_requests_total{model="we\\"ird\\\\model\\nname",outcome="skipped",status="502"} 1\n' in text
+    assert 'ragproxy_requests_total{model="gpt-4o",outcome="retrieved",status="200"} 2\n' in text
+    assert 'ragproxy_context_tokens_bucket{le="+Inf"} 2\n' in text
+
+
+def test_render_parses_with_prometheus_client_and_matches_observations():
+    parser = pytest.importorskip("prometheus_client.parser")
+    m = ragproxy.Metrics()
+    observe_sample_requests(m)
+    m.observe_index("docs", indexed=5, skipped=2, deferred=1, errors=3)
+    families = {f.name: f for f in parser.text_string_to_metric_families(m.render())}
+
+    requests = {(s.labels["model"], s.labels["outcome"], s.labels["status"]): s.value
+                for s in families["ragproxy_requests"].samples}
+    assert families["ragproxy_requests"].type == "counter"
+    assert requests == {("gpt-4o", "retrieved", "200"): 2.0, (TRICKY, "skipped", "502"): 1.0}
+
+    retrieval = families["ragproxy_retrieval_seconds"]
+    assert retrieval.type == "histogram"
+    by_stage = {}
+    for s in retrieval.samples:
+        by_stage.setdefault(s.labels["stage"], {})[(s.name, s.labels.get("le"))] = s.value
+    assert set(by_stage) == {"lexical", "embed", "total"}
+    total = by_stage["total"]          # from retrieval_ms: 0.030 and 0.003 seconds
+    assert total[("ragproxy_retrieval_seconds_count", None)] == 2
+    assert total[("ragproxy_retrieval_seconds_sum", None)] == pytest.approx(0.033)
+    buckets = sorted(((float(le), v) for (name, le), v in total.items() if name.endswith("_bucket")))
+    assert buckets[-1] == (math.inf, 2)
+    assert [v for _, v in buckets] == sorted(v for _, v in buckets)     # cumulative
+    assert {le: v for le, v in buckets if le in (0.001, 0.0025, 0.005, 0.025, 0.05)} == {
+        0.001: 0, 0.0025: 0, 0.005: 1, 0.025: 1, 0.05: 2}
+    assert by_stage["lexical"][("ragproxy_retrieval_seconds_bucket", "0.005")] == 1
+    assert by_stage["lexical"][("ragproxy_retrieval_seconds_bucket", "0.0025")] == 0
+
+    tokens = {(s.name, s.labels.get("le")): s.value for s in families["ragproxy_context_tokens"].samples}
+    assert tokens[("ragproxy_context_tokens_count", None)] == 2          # the skipped request is not counted
+    assert tokens[("ragproxy_context_tokens_sum", None)] == 1800
+    assert tokens[("ragproxy_context_tokens_bucket", "250")] == 0
+    assert tokens[("ragproxy_context_tokens_bucket", "500")] == 1
+    assert tokens[("ragproxy_context_tokens_bucket", "2000")] == 2
+
+    upstream = {(s.name, s.labels["provider"], s.labels.get("le")): s.value
+                for s in families["ragproxy_upstream_seconds"].samples}
+    assert upstream[("ragproxy_upstream_seconds_count", "oa", None)] == 2
+    assert upstream[("ragproxy_upstream_seconds_sum", "oa", None)] == pytest.approx(2.8)
+    assert upstream[("ragproxy_upstream_seconds_bucket", "oa", "1")] == 1
+    assert upstream[("ragproxy_upstream_seconds_bucket", "an", "0.1")] == 1
+
+    files = {(s.labels["kb"], s.labels["result"]): s.value for s in families["ragproxy_index_files"].samples}
+    assert files == {("docs", "indexed"): 5, ("docs", "skipped"): 2, ("docs", "deferred"): 1}
+    assert [(s.labels, s.value) for s in families["ragproxy_index_errors"].samples] == [({"kb": "docs"}, 3)]
+
+
+def test_collectors_set_gauges_at_render_time_and_a_broken_one_is_ignored():
+    m = ragproxy.Metrics()
+    chunks = {"docs": 10}
+    m.add_collector(lambda: [("ragproxy_kb_chunks", {"kb": kb}, n) for kb, n in chunks.items()]
+                    + [("ragproxy_indexing_progress", {"kb": "docs"}, 0.25)])
+    m.add_collector(lambda: 1 / 0)
+    m.add_collector(lambda: [("ragproxy_no_such_metric", {}, 1)])
+    assert 'ragproxy_kb_chunks{kb="docs"} 10\n' in m.render()
+    chunks["docs"] = 12
+    chunks['a"b'] = 3
+    text = m.render()
+    assert 'ragproxy_kb_chunks{kb="docs"} 12\n' in text
+    assert 'ragproxy_kb_chunks{kb="a\\"b"} 3\n' in text
+    assert 'ragproxy_indexing_progress{kb="docs"} 0.25\n' in text
+    parser = pytest.importorskip("prometheus_client.parser")
+    gauges = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    assert {s.labels["kb"]: s.value for s in gauges["ragproxy_kb_chunks"].samples} == {"docs": 12, 'a"b': 3}
+
+
+def test_metric_labels_are_checked():
+    m = ragproxy.Metrics()
+    with pytest.raises(ValueError, match="takes labels"):
+        m["ragproxy_requests_total"].inc(model="x")
+    with pytest.raises(ValueError, match="only go up"):
+        m["ragproxy_index_errors_total"].inc(-1, kb="docs")
+    with pytest.raises(ValueError, match="reserved"):
+        m.histogram("my_seconds", "help", ("le",))
+    with pytest.raises(ValueError, match="already registered"):
+        m.counter("ragproxy_requests_total", "other", ("model",))
+    assert m.counter("ragproxy_requests_total", "same", ("model", "outcome", "status")) \
+        is m["ragproxy_requests_total"]
+
+
+def test_custom_registry_renders_unlabelled_families_and_help_escapes():
+    m = ragproxy.Metrics(predefined=False)
+    c = m.counter("jobs_total", "Jobs done.\nSecond line \\ backslash.")
+    h = m.histogram("wait_seconds", "Wait.", buckets=(1, 0.5))
+    c.inc(2)
+    h.observe(0.5)
+    h.observe(3)
+    assert m.render() == (
+        "# HELP jobs_total Jobs done.\\nSecond line \\\\ backslash.\n"
+        "# TYPE jobs_total counter\n"
+        "jobs_total 2\n"
+        "# HELP wait_seconds Wait.\n"
+        "# TYPE wait_seconds histogram\n"
+        'wait_seconds_bucket{le="0.5"} 1\n'
+        'wait_seconds_bucket{le="1"} 1\n'
+        'wait_seconds_bucket{le="+Inf"} 2\n'
+        "wait_seconds_sum 3.5\n"
+        "wait_seconds_count 2\n")
+
+
+def test_metrics_are_thread_safe():
+    m = ragproxy.Metrics()
+    errors = m["ragproxy_index_errors_total"]
+    hist = m["ragproxy_upstream_seconds"]
+
+    def work():
+        for _ in range(2000):
+            errors.inc(kb="docs")
+            hist.observe(0.3, provider="oa")
+
+    pool = [threading.Thread(target=work) for _ in range(8)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert errors.value(kb="docs") == 16000
+    cumulative, total, count = hist.snapshot(provider="oa")
+    assert count == 16000 and cumulative[-1] == 16000 and total == pytest.approx(0.3 * 16000)
+
+
+# -- wired into the proxy ---------------------------------------------------------
+
+def _proxy_with_kb(make_proxy, fake, tmp_path, log_query=False):
+    from conftest import proxy_config
+    docs = tmp_path / "documents" / "docs"
+    docs.mkdir(parents=True)
+    (docs / "a.md").write_text("# Elephants\n\nThe purple elephant sings at midnight.\n")
+    text = proxy_config(fake.url, extra=f"knowledge_bases:\n  docs: {{retrieval: lexical}}\n"
+                                        f"security: {{log_query: {'true' if log_query else 'false'}}}\n")
+    text = text.replace('  - {name: "*", upstream: [ol, oa]}', '  - {name: "*", upstream: [ol, oa], kb: [docs]}')
+    p = make_proxy(text, data_dir=tmp_path)
+    p.app.knowledge_bases.index_all()
+    return p
+
+
+def test_proxied_calls_are_logged_and_counted(make_proxy, fake, tmp_path):
+    import openai
+    from conftest import API_KEY
+    p = _proxy_with_kb(make_proxy, fake, tmp_path)
+    client = openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0)
+    client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "purple elephant?"}])
+    list(client.chat.completions.create(model="llama3", stream=True,
+                                        messages=[{"role": "user", "content": "zzz qqq"}]))
+    fake.fail_next(500, path="/v1/chat/completions")
+    with pytest.raises(openai.APIStatusError):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert p.app.request_log.flush()
+    rows = p.app.request_log.query()
+    assert len(rows) == 3
+    by_model = {(r["model"], r["streamed"]): r for r in rows}
+    hit = by_model[("llama3", False)]
+    assert hit["outcome"] == "retrieved" and hit["kbs"] == ["docs"] and hit["chunk_ids"]
+    assert hit["status"] == 200 and hit["client"] == "key1" and hit["retrieval_mode"] == "lexical"
+    assert hit["query"] is None  # log_query is off
+    assert hit["upstream"] == "oa" and hit["upstream_ms"] >= 0 and hit["context_tokens"] > 0
+    assert by_model[("llama3", True)]["outcome"] == "no_match"
+    metrics = p.app.metrics.render()
+    assert 'ragproxy_requests_total{model="llama3",outcome="retrieved",status="200"} 1' in metrics
+    assert 'ragproxy_kb_chunks{kb="docs"}' in metrics
+    assert 'ragproxy_retrieval_seconds_count{stage="lexical"}' in metrics
+    import urllib.request
+    with urllib.request.urlopen(p.url + "/metrics", timeout=5) as resp:
+        assert resp.headers["content-type"].startswith("text/plain")
+        assert b"ragproxy_requests_total" in resp.read()
+
+
+def test_query_text_logged_only_when_asked(make_proxy, fake, tmp_path):
+    import openai
+    from conftest import API_KEY
+    p = _proxy_with_kb(make_proxy, fake, tmp_path, log_query=True)
+    openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0).chat.completions.create(
+        model="llama3", messages=[{"role": "user", "content": "purple elephant?"}])
+    p.app.request_log.flush()
+    assert p.app.request_log.query()[0]["query"] == "purple elephant?"
