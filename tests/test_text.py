@@ -1,0 +1,424 @@
+"""Text analysis and BM25: the analyzer, the stemmer, the index and its files."""
+import array
+import math
+import os
+import random
+import struct
+
+import pytest
+
+import ragproxy
+from ragproxy import Analyzer, BM25Index, stem_english
+
+try:
+    import numpy
+except ImportError:  # the pure-Python path is still tested
+    numpy = None
+
+needs_numpy = pytest.mark.skipif(numpy is None or ragproxy._np is None,
+                                 reason="numpy not available (or RAGPROXY_PURE=1)")
+
+
+@pytest.fixture
+def pure(monkeypatch):
+    """Build and read without numpy, as on a machine that lacks it."""
+    monkeypatch.setattr(ragproxy, "_np", None)
+
+
+# --------------------------------------------------------------------------
+# Stemmer: Snowball English (Porter2).  Expected stems worked out from the
+# published algorithm; several are the examples in its own description.
+
+STEMS = [
+    ("consign", "consign"), ("consigned", "consign"), ("consigning", "consign"),
+    ("consignment", "consign"), ("consistency", "consist"), ("consistently", "consist"),
+    # Step 2 ation -> ate, then step 4 deletes ate in R2.
+    ("consolation", "consol"),
+    # Step 1c turns the final y into i; nothing else applies.
+    ("consolatory", "consolatori"),
+    ("consolidate", "consolid"), ("knackeries", "knackeri"), ("kneaded", "knead"),
+    ("kneeling", "kneel"),
+    # Step 5 keeps the e: "kniv" ends in a short syllable.
+    ("knives", "knive"),
+    # Step 1c y -> i, then step 2 deletes li after t.
+    ("knightly", "knight"),
+    ("caresses", "caress"), ("ponies", "poni"), ("ties", "tie"), ("cries", "cri"),
+    ("gaps", "gap"), ("gas", "gas"), ("kiwis", "kiwi"),
+    # Step 1b: "hop" is a short word, so e comes back; "hopp" loses a double.
+    ("hoping", "hope"), ("hopping", "hop"), ("running", "run"),
+    ("happily", "happili"), ("generously", "generous"), ("agreed", "agre"),
+    ("luxuriated", "luxuri"), ("relational", "relat"), ("conditional", "condit"),
+    ("sensitivity", "sensit"), ("hopefulness", "hope"), ("electricity", "electr"),
+    ("adjustable", "adjust"), ("controllable", "control"), ("replacement", "replac"),
+    ("adoption", "adopt"), ("effective", "effect"), ("fizzed", "fizz"),
+    ("filing", "file"), ("sized", "size"), ("troubled", "troubl"),
+    # R1 starts after gener / commun / arsen.
+    ("generate", "generat"), ("communism", "communism"), ("arsenal", "arsenal"),
+    # Exceptional forms.
+    ("skies", "sky"), ("dying", "die"), ("news", "news"), ("proceed", "proceed"),
+    ("succeeded", "succeed"),
+    # y after a vowel is a consonant; two-letter words are left alone.
+    ("say", "say"), ("cry", "cri"), ("by", "by"),
+]
+
+
+@pytest.mark.parametrize("word,stem", STEMS)
+def test_stem_english(word, stem):
+    assert stem_english(word) == stem
+
+
+# --------------------------------------------------------------------------
+# Analyzer
+
+
+def test_identifiers_give_parts_and_whole():
+    plain = Analyzer(stemmer=None)
+    assert plain.tokens("parseHTTPResponse") == ["parse", "http", "response", "parsehttpresponse"]
+    assert plain.tokens("get_user_name") == ["get", "user", "name", "get_user_name"]
+    assert plain.tokens("XMLHttpRequest") == ["xml", "http", "request", "xmlhttprequest"]
+    assert plain.tokens("utf8Decode") == ["utf", "8", "decode", "utf8decode"]
+    assert plain.tokens("__init__") == ["init"]
+
+
+def test_identifier_parts_are_stemmed_but_wholes_are_not():
+    assert Analyzer().tokens("parseHTTPResponse") == ["pars", "http", "respons", "parsehttpresponse"]
+
+
+def test_stopword_parts_are_dropped_but_the_whole_stays():
+    assert Analyzer(stemmer=None).tokens("is_valid") == ["valid", "is_valid"]
+
+
+def test_dotted_names_and_paths_give_parts_and_whole():
+    plain = Analyzer(stemmer=None)
+    assert plain.tokens("call os.path.join(a, b)") == [
+        "call", "os", "path", "join", "os.path.join", "b"]
+    assert plain.tokens("see src/foo/bar.py") == ["see", "src", "foo", "bar", "py", "src/foo/bar.py"]
+    # C++ / Rust paths read the same way whichever separator a question uses.
+    assert plain.tokens("std::fs::File") == ["std", "fs", "file", "std/fs/file"]
+    assert plain.tokens("std/fs/File") == plain.tokens("std::fs::File")
+
+
+def test_receiver_is_left_out_of_the_whole():
+    plain = Analyzer(stemmer=None)
+    assert plain.tokens("self.cache.get(key)") == ["self", "cache", "get", "cache.get", "key"]
+    assert plain.tokens("self.x") == ["self", "x"]
+
+
+def test_punctuation_around_names_is_ignored():
+    plain = Analyzer(stemmer=None)
+    assert plain.tokens("(os.path.join), `os.path.join`. os.path.join!") == \
+        ["os", "path", "join", "os.path.join"] * 3
+    assert plain.tokens("«quoted» end.") == ["quoted", "end"]
+
+
+def test_stopwords_default_custom_and_off():
+    assert Analyzer(stemmer=None).tokens("The cat is on the mat") == ["cat", "mat"]
+    # Negations and quantifiers carry meaning in questions about code.
+    assert Analyzer(stemmer=None).tokens("not all") == ["not", "all"]
+    assert Analyzer(stopwords=False, stemmer=None).tokens("the cat") == ["the", "cat"]
+    assert Analyzer(stopwords={"cat"}, stemmer=None).tokens("the cat") == ["the"]
+
+
+def test_case_folding_and_unicode_normalisation():
+    plain = Analyzer(stemmer=None)
+    assert plain.tokens("ＨＥＬＬＯ Wörld") == ["hello", "wörld"]   # full-width -> ASCII
+    assert plain.tokens("Straße") == ["strasse"]
+    assert plain.tokens("\ufb01le") == ["file"]                     # the "fi" ligature
+    assert Analyzer().tokens("Running") == ["run"]
+
+
+def test_cjk_runs_become_bigrams():
+    an = Analyzer(stemmer=None)
+    assert an.tokens("東京都に住む") == ["東京", "京都", "都に", "に住", "住む"]
+    assert an.tokens("は") == ["は"]
+    assert an.tokens("Python是一种语言") == ["python", "是一", "一种", "种语", "语言"]
+    assert an.tokens("한국어") == ["한국", "국어"]
+    assert Analyzer(cjk_bigrams=False).tokens("東京都") == ["東京都"]
+
+
+def test_query_tokens_drop_repeats_in_order():
+    an = Analyzer(stemmer=None)
+    assert an.query_tokens("cache the cache, then cache.get") == ["cache", "get", "cache.get"]
+
+
+def test_tokens_many_and_cache_do_not_change_results():
+    texts = ["def parseHTTPResponse(self, raw):", "The parser reads responses.",
+             "self.parser.feed(data)", "東京 parse", ""] * 3
+    fresh = [Analyzer().tokens(t) for t in texts]
+    assert Analyzer().tokens_many(texts) == fresh
+    backwards = Analyzer()
+    assert [backwards.tokens(t) for t in reversed(texts)][::-1] == fresh
+    backwards.clear_cache()
+    assert [backwards.tokens(t) for t in texts] == fresh
+
+
+def test_split_identifiers_off_keeps_words_whole():
+    an = Analyzer(stemmer=None, split_identifiers=False)
+    assert an.tokens("parseHTTPResponse os.path.join foo_bar") == [
+        "parsehttpresponse", "os", "path", "join", "foo_bar"]
+
+
+def test_unknown_stemmer_is_an_error():
+    with pytest.raises(ValueError, match="stemmer"):
+        Analyzer(stemmer="lancaster")
+
+
+# --------------------------------------------------------------------------
+# BM25 scores
+
+
+def lucene_bm25(docs, query, k1=1.2, b=0.75):
+    """Reference scores straight from the formula, for every document."""
+    n = len(docs)
+    avgdl = sum(map(len, docs)) / n
+    scores = [0.0] * n
+    for term in query:
+        df = sum(term in d for d in docs)
+        if not df:
+            continue
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        for i, d in enumerate(docs):
+            tf = d.count(term)
+            if tf:
+                scores[i] += idf * tf / (tf + k1 * (1 - b + b * len(d) / avgdl))
+    return scores
+
+
+def assert_ranked(got, want, rel=1e-6):
+    assert [d for d, _ in got] == [d for d, _ in want]
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=rel)
+
+
+def reference_top(docs, query, top_k, k1=1.2, b=0.75):
+    scores = lucene_bm25(docs, query, k1, b)
+    ranked = sorted((i for i, s in enumerate(scores) if s > 0), key=lambda i: (-scores[i], i))
+    return [(i, scores[i]) for i in ranked[:top_k]]
+
+
+TINY = [["a", "b", "a"], ["b", "c"], ["c", "c", "c", "d"]]
+
+
+@pytest.mark.parametrize("path", ["default", "pure"])
+def test_scores_match_the_formula_on_a_tiny_corpus(path, request):
+    if path == "pure":
+        request.getfixturevalue("pure")
+    index = BM25Index.build(TINY)
+    # N=3, avgdl=3.  "a": df=1, idf=ln(1 + 2.5/1.5)=ln(8/3); doc 0 has tf=2, dl=3,
+    # so the norm is k1 * (1 - b + b) = 1.2 and the score ln(8/3) * 2 / 3.2.
+    [(doc, score)] = index.search(["a"])
+    assert doc == 0
+    assert score == pytest.approx(math.log(8 / 3) * 2 / 3.2, rel=1e-6)
+    assert score == pytest.approx(0.613018, abs=1e-6)
+    # "b" and "c": df=2, idf=ln(1.6).  Doc 1 (dl=2, norm 0.9) has both once;
+    # doc 2 (dl=4, norm 1.5) has c three times; doc 0 (norm 1.2) has b once.
+    idf = math.log(1.6)
+    expected = [(1, 2 * idf / 1.9), (2, idf * 3 / 4.5), (0, idf / 2.2)]
+    got = index.search(["b", "c"])
+    assert_ranked(got, expected)
+    assert_ranked(got, reference_top(TINY, ["b", "c"], 10))
+
+
+def test_parameters_change_scores_as_the_formula_says():
+    index = BM25Index.build(TINY, k1=2.0, b=0.0)
+    assert_ranked(index.search(["c", "d"], top_k=3),
+                  reference_top(TINY, ["c", "d"], 3, k1=2.0, b=0.0))
+    with pytest.raises(ValueError):
+        BM25Index.build(TINY, b=1.5)
+
+
+def test_repeated_query_terms_count_again():
+    index = BM25Index.build(TINY)
+    once = dict(index.search(["a", "c"]))
+    twice = dict(index.search(["a", "a", "c"]))
+    assert twice[0] == pytest.approx(2 * once[0], rel=1e-6)
+    assert twice[2] == pytest.approx(once[2], rel=1e-6)
+
+
+def test_ties_go_to_the_lower_doc_index():
+    docs = [["x"], ["y", "z"], ["y", "z"], ["q"], ["y", "z"]]
+    index = BM25Index.build(docs)
+    assert [d for d, _ in index.search(["z", "y"], top_k=2)] == [1, 2]
+    assert [d for d, _ in index.search(["z", "y"])] == [1, 2, 4]
+
+
+def test_empty_cases():
+    index = BM25Index.build(TINY)
+    assert index.search([]) == []
+    assert index.search(["nowhere"]) == []
+    assert index.search(["a"], top_k=0) == []
+    assert BM25Index.build([]).search(["a"]) == []
+    assert BM25Index.build([[], []]).search(["a"]) == []
+    assert len(index) == 3 and index.doc_freq("c") == 2 and index.doc_freq("zz") == 0
+
+
+def test_from_counts_equals_build():
+    docs, queries = random_corpus(5, n_docs=100)
+    built = BM25Index.build(docs)
+    vocab, term_ids, tfs, unique_counts = {}, [], [], []
+    for doc in docs:
+        counts = {}
+        for token in doc:
+            counts[token] = counts.get(token, 0) + 1
+        for token, tf in counts.items():
+            term_ids.append(vocab.setdefault(token, len(vocab)))
+            tfs.append(tf)
+        unique_counts.append(len(counts))
+    vocab["unused"] = len(vocab)   # a term no document has any more
+    index = BM25Index.from_counts(vocab, term_ids, tfs, unique_counts, [len(d) for d in docs])
+    for query in queries[:30] + [["unused", "t1"]]:
+        assert index.search(query, 10) == built.search(query, 10)
+    with pytest.raises(ValueError, match="do not add up"):
+        BM25Index.from_counts(vocab, term_ids, tfs[:-1], unique_counts, [len(d) for d in docs])
+    with pytest.raises(ValueError, match="term ids"):
+        BM25Index.from_counts({"a": 0}, [0, 1], [1, 1], [2], [2])
+
+
+def random_corpus(seed, n_docs=400):
+    rng = random.Random(seed)
+    vocab = ["t%d" % i for i in range(300)]
+    # Zipf-like: a few terms in most documents, so pruning has work to do.
+    weights = [1 / (i + 1) for i in range(len(vocab))]
+    docs = [rng.choices(vocab, weights, k=rng.randint(0, 60)) for _ in range(n_docs)]
+    queries = [rng.choices(vocab, weights, k=rng.randint(1, 8)) + rng.sample(vocab, 2)
+               for _ in range(120)]
+    queries.append(["t0", "t0", "t1", "unknown"])
+    return docs, queries
+
+
+def test_pure_path_returns_exact_top_k(pure):
+    docs, queries = random_corpus(1)
+    index = BM25Index.build(docs)
+    for query in queries:
+        for top_k in (1, 5, 50):
+            assert_ranked(index.search(query, top_k), reference_top(docs, query, top_k),
+                          rel=1e-5)
+
+
+@needs_numpy
+def test_numpy_and_pure_paths_agree(monkeypatch):
+    docs, queries = random_corpus(2)
+    fast = BM25Index.build(docs)
+    assert isinstance(fast.weights, numpy.ndarray)
+    monkeypatch.setattr(ragproxy, "_np", None)
+    slow = BM25Index.build(docs)
+    assert isinstance(slow.weights, array.array)
+    for query in queries:
+        for top_k in (1, 10, 100):
+            got = fast.search(query, top_k)
+            assert_ranked(got, slow.search(query, top_k))
+            assert_ranked(got, reference_top(docs, query, top_k), rel=1e-5)
+
+
+def test_finds_code_and_prose_the_way_a_user_asks():
+    chunks = [
+        "def join_paths(parts):\n    return os.path.join(*parts)",
+        "The HTTP client retries a request three times before giving up.",
+        "class ResponseParser:\n    def parseHTTPResponse(self, raw): ...",
+        "Paths are joined with slashes on every platform.",
+        "Run the tests with pytest -q from the repository root.",
+    ]
+    an = Analyzer()
+    index = BM25Index.build(an.tokens_many(chunks))
+    assert index.search(an.query_tokens("how does os.path.join work?"))[0][0] == 0
+    assert index.search(an.query_tokens("parse_http_response"))[0][0] == 2
+    assert index.search(an.query_tokens("how many retries does the HTTP client make"))[0][0] == 1
+    assert index.search(an.query_tokens("running tests"))[0][0] == 4
+
+
+# --------------------------------------------------------------------------
+# Files
+
+
+def test_save_and_load_give_the_same_results(tmp_path):
+    docs, queries = random_corpus(3)
+    index = BM25Index.build(docs, k1=1.5, b=0.6)
+    index.save(str(tmp_path / "kb"))
+    assert sorted(os.listdir(tmp_path / "kb")) == [
+        "bm25.json", "bm25_doc_ids.npy", "bm25_indptr.npy", "bm25_max_weights.npy",
+        "bm25_weights.npy"]
+    loaded = BM25Index.load(str(tmp_path / "kb"))
+    assert (loaded.k1, loaded.b, len(loaded)) == (1.5, 0.6, len(docs))
+    for query in queries[:40]:
+        assert loaded.search(query, 10) == index.search(query, 10)
+
+
+@needs_numpy
+def test_index_saved_without_numpy_loads_with_it_and_back(tmp_path, monkeypatch):
+    docs, queries = random_corpus(4)
+    with monkeypatch.context() as m:
+        m.setattr(ragproxy, "_np", None)
+        slow = BM25Index.build(docs)
+        slow.save(str(tmp_path / "pure"))
+    fast = BM25Index.load(str(tmp_path / "pure"))
+    assert isinstance(fast.weights, numpy.ndarray)
+    fast.save(str(tmp_path / "np"))
+    monkeypatch.setattr(ragproxy, "_np", None)
+    back = BM25Index.load(str(tmp_path / "np"))
+    assert isinstance(back.weights, array.array)
+    for query in queries[:40]:
+        want = slow.search(query, 10)
+        assert [d for d, _ in fast.search(query, 10)] == [d for d, _ in want]
+        assert back.search(query, 10) == want
+
+
+def test_load_rejects_mismatched_files(tmp_path):
+    BM25Index.build(TINY).save(str(tmp_path))
+    ragproxy._npy_write_array(str(tmp_path / "bm25_indptr.npy"), [0, 1], "<i4")
+    with pytest.raises(ValueError, match="do not match"):
+        BM25Index.load(str(tmp_path))
+    (tmp_path / "bm25.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a BM25 index"):
+        BM25Index.load(str(tmp_path))
+
+
+def test_npy_round_trip_without_numpy(tmp_path, pure):
+    path = str(tmp_path / "a.npy")
+    ragproxy._npy_write_array(path, [1, -2, 3, 2 ** 31 - 1], "<i4")
+    data, shape = ragproxy._npy_read_flat(path)
+    assert (data.typecode, shape, list(data)) == ("i", (4,), [1, -2, 3, 2 ** 31 - 1])
+    assert list(ragproxy._npy_read_array(path)) == list(data)
+    ragproxy._npy_write_array(path, array.array("f", [0.5, 1.5, -2.0, 8.0, 0.0, 1.0]),
+                              shape=(2, 3), fsync=False)
+    data, shape = ragproxy._npy_read_flat(path)
+    assert (data.typecode, shape, list(data)) == ("f", (2, 3), [0.5, 1.5, -2.0, 8.0, 0.0, 1.0])
+    with open(path, "rb") as f:
+        head = f.read(10)
+    # Format 1.0, and the data starts on a 64-byte boundary as numpy writes it.
+    assert head[:8] == b"\x93NUMPY\x01\x00"
+    assert (10 + struct.unpack("<H", head[8:10])[0]) % 64 == 0
+    with pytest.raises(ValueError):
+        ragproxy._npy_write_array(path, [1.5], "<f8")
+    with pytest.raises(ValueError):
+        ragproxy._npy_write_array(path, [1, 2, 3], "i", shape=(2, 2))
+
+
+@needs_numpy
+def test_npy_files_interoperate_with_numpy(tmp_path, monkeypatch):
+    ours = str(tmp_path / "ours.npy")
+    with monkeypatch.context() as m:
+        m.setattr(ragproxy, "_np", None)
+        ragproxy._npy_write_array(ours, array.array("f", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+                                  shape=(3, 2))
+    loaded = numpy.load(ours)
+    assert loaded.dtype == numpy.float32 and loaded.tolist() == [[1, 2], [3, 4], [5, 6]]
+    assert ragproxy._npy_read_array(ours).tolist() == [[1, 2], [3, 4], [5, 6]]
+
+    theirs = str(tmp_path / "theirs.npy")
+    numpy.save(theirs, numpy.arange(12, dtype="<i4").reshape(3, 4))
+    data, shape = ragproxy._npy_read_flat(theirs)
+    assert (shape, list(data)) == ((3, 4), list(range(12)))
+    data = ragproxy._npy_read_array(theirs)
+    assert isinstance(data, numpy.memmap) and data.tolist()[2] == [8, 9, 10, 11]
+
+
+def test_npy_read_rejects_other_files(tmp_path):
+    path = tmp_path / "x.npy"
+    path.write_bytes(b"not an array")
+    with pytest.raises(ragproxy.StoreError):
+        ragproxy._npy_read_flat(str(path))
+    with pytest.raises(ragproxy.StoreError):
+        ragproxy._npy_read_array(str(path))
+    ragproxy._npy_write_array(str(path), [1, 2, 3], "<i4")
+    path.write_bytes(path.read_bytes()[:-4])
+    with pytest.raises(ragproxy.StoreError, match="truncated"):
+        ragproxy._npy_read_flat(str(path))
