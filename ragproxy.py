@@ -7078,6 +7078,8 @@ class KnowledgeBase:
             finally:
                 report.seconds = self.clock() - started
                 self.status.update(state="idle", last_report=report.summary())
+                if report.added + report.changed > 1000:
+                    self.analyzer.clear_cache()  # a big run memoised up to ~1M words (~240 MB)
             if report.committed:
                 self.status["last_indexed"] = self.clock()
             return report
@@ -7356,9 +7358,7 @@ class _ForwardIndex:
         self.counts, self.lengths = array.array("i"), array.array("i")
 
     def add(self, tokens):
-        counts = {}
-        for token in tokens:
-            counts[token] = counts.get(token, 0) + 1
+        counts = collections.Counter(tokens)
         vocab = self.vocab
         for token, tf in counts.items():
             tid = vocab.get(token)
