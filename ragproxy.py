@@ -24,18 +24,19 @@ Sections (each behind a ``# === N. Title ===`` banner, in dependency order):
   4. Upstream HTTP client
   5. Array files
   6. Text analysis and BM25
-  7. Documents and chunking
-  8. Vector store
-  9. Embeddings and reranking
-  10. Context injection
-  11. Knowledge bases
-  12. API dialects
-  13. Retrieval
-  14. Request log and metrics
-  15. Proxy core
-  16. Ollama translation
-  17. HTTP server
-  18. Command line
+  7. Documents
+  8. Chunking
+  9. Vector store
+  10. Embeddings and reranking
+  11. Context injection
+  12. Knowledge bases
+  13. API dialects
+  14. Retrieval
+  15. Request log and metrics
+  16. Proxy core
+  17. Ollama translation
+  18. HTTP server
+  19. Command line
 """
 from __future__ import annotations
 
@@ -2763,7 +2764,7 @@ _count_into = collections._count_elements
 _bisect_left = bisect.bisect_left
 
 
-# === 7. Documents and chunking ===
+# === 7. Documents ===
 # Files become Documents (extract) and Documents become retrieval-sized Chunks
 # (chunk_document).  Pure functions over bytes and strings: the caller does the
 # directory walk, the manifest and the I/O.
@@ -3586,6 +3587,13 @@ def _extract_html(path, data):
         raise SkipFile("unparsable HTML: %s" % e) from None
     return Document(body, parser.first_h1 or parser.title or _stem(path), "html", path)
 
+
+# === 8. Chunking ===
+# Documents become retrieval-sized Chunks (chunk_document): by headings for
+# prose, by symbols for code (Python through ast, other languages by bracket
+# depth and indentation), by paragraphs or by a token window.  Sizes are in
+# estimated tokens (count_tokens, section "Documents"); see that section's
+# header for the defaults and why.
 
 # --------------------------------------------------------------------------
 # Headings (Markdown and reStructuredText)
@@ -4538,7 +4546,7 @@ def _finalize(doc, raw, strategy):
     return chunks
 
 
-# === 8. Vector store ===
+# === 9. Vector store ===
 # Each knowledge base lives in DATA_DIR/vectordb/<kb>/ as numbered, immutable
 # generations (g000001/, g000002/, ...) plus a CURRENT file naming the one in
 # use.  A writer fills a private temp directory and commits by renaming it to
@@ -5542,7 +5550,7 @@ class KBStore:
         return "<KBStore %s>" % self.root
 
 
-# === 9. Embeddings and reranking ===
+# === 10. Embeddings and reranking ===
 # Dense vectors come from a local embedding server (any OpenAI-compatible
 # /v1/embeddings, or Ollama's /api/embed); retrieved passages may be reordered
 # by a cross-encoder rerank server.  Neither client sleeps or retries on its
@@ -6282,7 +6290,7 @@ class RerankClient:
         return RerankError(head, False, status)
 
 
-# === 10. Context injection ===
+# === 11. Context injection ===
 # What to search for, and where retrieved context goes, in each request format.
 # Pure functions over parsed JSON bodies; retrieval happens elsewhere.
 #
@@ -6799,7 +6807,7 @@ def _with_text(content, text, prepend, part_type):
     return text
 
 
-# === 11. Knowledge bases ===
+# === 12. Knowledge bases ===
 # A KnowledgeBase turns its sources into generations of the vector store and
 # answers searches from the committed generation: BM25 always, dense vectors
 # when an embedding provider is configured, both fused by reciprocal rank.
@@ -7437,7 +7445,7 @@ class _ForwardIndex:
         return out
 
 
-# === 12. API dialects ===
+# === 13. API dialects ===
 # The four client APIs differ in error shapes, stream framing and how a failure
 # after the first byte is reported.  Everything format-specific the proxy core
 # needs lives here, keyed by dialect name.
@@ -7566,7 +7574,7 @@ def _is_event_stream(content_type):
     return ct in ("text/event-stream", "application/x-ndjson", "application/jsonl", "application/json-seq")
 
 
-# === 13. Retrieval ===
+# === 14. Retrieval ===
 # Between parsing a client's request and forwarding it: pick the knowledge
 # bases, search once per human turn, render the context and inject it.  Agent
 # loops send many requests per human turn; every one of them gets the identical
@@ -7899,7 +7907,7 @@ class Retriever:
         return out or hits
 
 
-# === 14. Request log and metrics ===
+# === 15. Request log and metrics ===
 # One entry dict per proxied request feeds both the SQLite request log (for the
 # dashboard and audits) and the Prometheus registry (for /metrics).  Logging must
 # never slow a request: record() only queues; a writer thread does the SQL.
@@ -8676,7 +8684,7 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-# === 15. Proxy core ===
+# === 16. Proxy core ===
 # Transport-neutral: App.handle() takes a parsed Request and returns a Response
 # or a StreamResponse.  Retrieval plugs in as a rewriter between parsing the
 # client's request and forwarding it (App.rewriters).
@@ -9179,7 +9187,7 @@ def _last_event_end(buf, sse):
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
-# === 16. Ollama translation ===
+# === 17. Ollama translation ===
 # Tools that speak Ollama's native API (/api/chat, /api/generate) can be served
 # by an OpenAI-compatible upstream: requests become chat completions and the
 # answer (JSON or SSE) is turned back into Ollama JSON or NDJSON.
@@ -9363,7 +9371,7 @@ def _sse_to_ndjson(upstream, reply):
         yield _json_bytes({"error": f"upstream failed mid-stream: {exc}"}) + b"\n"
 
 
-# === 17. HTTP server ===
+# === 18. HTTP server ===
 
 # A thin adapter from http.server to App.handle(): parse the wire request,
 # enforce size limits, write the response in as few writes as possible (the
@@ -9717,7 +9725,7 @@ def make_server(app, host="127.0.0.1", port=0):
     return _Server((host, port), app)
 
 
-# === 18. Command line ===
+# === 19. Command line ===
 # ``python ragproxy.py [serve] ...``: the data directory, logging, the config
 # file watcher and the server loop.
 
