@@ -1011,7 +1011,7 @@ _KB_SCHEMA = {
         "dense": _Field("number", 1.0, minimum=0),
     },
     "max_file_bytes": _Field("int", 10 * 1024 * 1024, minimum=1),
-    "compact": _Field("str", "", choices=("", "float16")),
+    "compact": _Field("str", "", choices=("", "int8", "float16")),
 }
 
 _SCHEMA = {
@@ -6820,6 +6820,8 @@ _ALWAYS_EXCLUDED_DIRS = frozenset((".git", ".hg", ".svn", "node_modules", "__pyc
                                    ".tox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".idea", ".DS_Store"))
 _RRF_K = 60
 _BM25_META = "bm25.json"
+_SETTINGS_FILE = "settings.json"
+_COMPACT_KINDS = {"int8": "i8", "float16": "f16"}  # config name -> vector store name
 
 
 def _valid_kb_name(name):
@@ -6993,7 +6995,7 @@ class KnowledgeBase:
         self.embedder = embedder
         self.clock = clock
         self.analyzer = Analyzer()
-        self.store = KBStore(self.root, compact=spec.compact or None)
+        self.store = KBStore(self.root, compact=_COMPACT_KINDS.get(spec.compact))
         self._index_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._loaded = None  # (generation, bm25 index)
@@ -7095,6 +7097,9 @@ class KnowledgeBase:
     def _index(self, report, full, progress):
         spec = self.spec
         old, old_bm25 = self.current()
+        if old is not None and not full and self._stored_settings(old) != self._settings():
+            log.info("kb %s: chunking, BM25 or embedding settings changed; re-indexing every file", spec.name)
+            full = True
         old_manifest = old.manifest if old is not None and not full else {}
         old_forward = _ForwardIndex.load(old, old_bm25) if old is not None and not full else None
         files = self.scan()
@@ -7149,9 +7154,26 @@ class KnowledgeBase:
                 if name.startswith(("bm25", "fwd_")):
                     writer.path(name)
             writer.set_manifest(manifest)
+            writer.write_file(_SETTINGS_FILE, json.dumps(self._settings(), sort_keys=True).encode("utf-8"))
         generation = self.store.current()
         report.committed = True
         report.chunks, report.generation = len(generation), generation.name
+
+    def _settings(self):
+        """What a generation's chunks, terms and vectors depend on besides the files."""
+        s = self.spec
+        return {"strategy": s.strategy, "chunk_size": s.chunk_size, "chunk_overlap": s.chunk_overlap,
+                "k1": s.k1, "b": s.b, "retrieval": s.retrieval, "embedding": s.embedding, "compact": s.compact,
+                "embedding_model": getattr(getattr(self.embedder, "provider", None), "model", "")}
+
+    @staticmethod
+    def _stored_settings(generation):
+        if not generation.has(_SETTINGS_FILE):
+            return None
+        try:
+            return json.loads(generation.read_file(_SETTINGS_FILE))
+        except ValueError:
+            return None
 
     @staticmethod
     def _rows_of(old, manifest, kept, first_row):
@@ -7202,7 +7224,8 @@ class KnowledgeBase:
     def chunk_terms(self, chunk):
         """Index terms of a chunk.  Title, heading path, symbol and file name count
         twice: a match there says more about what the chunk is than one in its body."""
-        head = " ".join([chunk.title] + list(chunk.headings) + [chunk.symbol, chunk.source.rsplit("/", 1)[-1]])
+        name = chunk.source.rsplit("/", 1)[-1].split("#", 1)[0]  # "corpus.jsonl#id": the file, once
+        head = " ".join([chunk.title] + list(chunk.headings) + [chunk.symbol, name])
         return self.analyzer.tokens(head) * 2 + self.analyzer.tokens(chunk.text)
 
     # -- searching ----------------------------------------------------------
@@ -9934,7 +9957,7 @@ def main(argv=None, environ=None):
     except _CLIError as exc:
         log.error("%s", exc)
         return 2
-    except (EmbeddingError, StoreError, OSError) as exc:
+    except (EmbeddingError, StoreError, OSError, ValueError) as exc:
         log.error("%s: %s", command, exc)
         return 1
 

@@ -236,3 +236,33 @@ def test_sigkill_during_indexing_never_leaves_a_broken_kb(tmp_path):
     hit = kb.search("marker11x" + newest[0][1:4].lstrip("0"), 1)
     assert hit and hit[0].chunk["source"] == "kb/" + newest[0]
     assert committed_states >= 1
+
+
+def test_changed_chunking_settings_rebuild_every_file(tmp_path, docs):
+    kb = make_kb(tmp_path)
+    kb.index()
+    before = len(kb.current()[0])
+    smaller = make_kb(tmp_path, chunk_size=16, chunk_overlap=0)
+    report = smaller.index()
+    assert report.committed and report.added == 3  # all files re-read, not just changed ones
+    generation, _ = smaller.current()
+    assert len(generation) > before
+    assert not smaller.index().committed  # and the next run with the same settings has nothing to do
+
+
+@pytest.mark.parametrize("compact", ["int8", "float16"])
+def test_compact_vectors_from_config(tmp_path, docs, compact):
+    config = ragproxy.Config.from_text(f"""
+providers:
+  llm: {{o: {{type: ollama, base_url: "http://127.0.0.1:1"}}}}
+  embedding: {{e: {{type: openai, base_url: "http://127.0.0.1:1/v1", model: m}}}}
+models: [{{name: "*", upstream: o}}]
+knowledge_bases:
+  kb: {{retrieval: dense, embedding: e, compact: {compact}}}
+""", environ={})
+    spec = ragproxy._kb_spec("kb", config.knowledge_bases["kb"])
+    kb = ragproxy.KnowledgeBase(spec, str(tmp_path), embedder=_SlowEmbedder())
+    kb.index()
+    generation, _ = kb.current()
+    assert generation.compact_kind == {"int8": "i8", "float16": "f16"}[compact]
+    assert kb.search("beta retries failed uploads", 1)[0].chunk["source"] == "kb/b.md"

@@ -1,0 +1,738 @@
+#!/usr/bin/env python3
+"""How much latency ragproxy adds in front of an LLM server.
+
+The same closed-loop load (N keep-alive clients, each sending its next request
+as soon as the previous answer is complete) goes straight to a fake LLM server
+and through ragproxy, in one run, and the two are printed side by side:
+
+  chat     non-stream chat completions from an upstream that answers at once:
+           p50/p99 latency and req/s; at 16 clients this measures capacity
+  slow     the same with the upstream thinking ~20 ms per request, as a model
+           does, so 16 clients overlap without saturating the machine; the
+           think time is subtracted from each latency
+  stream   streaming chat completions (34 SSE events sent back to back):
+           time to the last byte and to the first event
+  events   streaming with the upstream pausing between events; each event
+           carries the upstream's clock reading taken just before it was
+           written, so the client sees how long every event spent on the way
+
+The fake upstream (tests/fake_upstream.py), each proxy and this load generator
+run in separate processes: threads of one process would share its GIL and slow
+each other down.  The load generator is one thread driving raw keep-alive
+sockets through a selector, so its own cost per request is a few microseconds.
+Everything listens on 127.0.0.1 only, and every run stops by itself.
+
+    python bench/proxy_overhead.py                      # 1 and 16 clients, about 1 min
+    python bench/proxy_overhead.py --both --json        # urllib3 and http.client proxies
+    python bench/proxy_overhead.py --py-spy proxy.txt   # also sample the proxy's stacks
+    python bench/proxy_overhead.py --ragproxy /tmp/patched/ragproxy.py   # try a change
+
+Standard library only (py-spy for --py-spy); Python 3.9+.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TESTS = os.path.join(ROOT, "tests")
+RAGPROXY = os.path.join(ROOT, "ragproxy.py")
+
+API_KEY = "bench-client-key-0001"
+# The upstream replaces this word with its clock (time.time_ns(), 19 digits)
+# just before writing the event that carries it; same length, so framing holds.
+STAMP_PLACEHOLDER = b"TS0000000000000000000Z"
+_STAMP = re.compile(rb"TS(\d{19})Z")
+STAMPED_MODEL_PREFIX = "bench-stamped-"
+CHAT_REPLY = ("Sure. Here is a short answer from the fake upstream, about as long as a one-line "
+              "completion a coding tool asks for when it only needs a quick fix to apply.")
+TARGET_ADDED_P50_MS = 0.3
+
+
+# --------------------------------------------------------------------------
+# Process roles: the fake upstream, and a proxy under cProfile
+
+
+def upstream_role():
+    """Serve the fake upstream; print its port; obey "event_delay S" / "think_time S" on stdin."""
+    sys.path.insert(0, TESTS)
+    import fake_upstream
+
+    class StampingHandler(fake_upstream._Handler):
+        def _serve(self):
+            # A jittered think time (0.5x to 1.5x the mean), like a model's
+            # varying latency: a fixed one would march the clients in lockstep.
+            # The time actually slept goes back in a header for the client to
+            # subtract, so the jitter adds no noise to the comparison.
+            self.think_ns = 0
+            if fake.think_time:
+                start = time.perf_counter_ns()
+                time.sleep(fake.think_time * random.uniform(0.5, 1.5))
+                self.think_ns = time.perf_counter_ns() - start
+            super()._serve()
+
+        def end_headers(self):
+            if getattr(self, "think_ns", 0):
+                self.send_header("X-Bench-Think-Ns", str(self.think_ns))
+            super().end_headers()
+
+        def _write(self, data, chunked=False):
+            if STAMP_PLACEHOLDER in data:
+                data = data.replace(STAMP_PLACEHOLDER, b"TS%019dZ" % time.time_ns(), 1)
+            return super()._write(data, chunked)
+
+    # start() looks both names up at call time; the larger backlog keeps 16
+    # simultaneous connects from waiting on SYN retries.
+    fake_upstream._Handler = StampingHandler
+    fake_upstream._Server.request_queue_size = 128
+    fake = fake_upstream.FakeUpstream()
+    fake.think_time = 0.0
+
+    def reply(rec):
+        model = str((rec.json or {}).get("model") or "")
+        if model.startswith(STAMPED_MODEL_PREFIX):
+            count = int(model[len(STAMPED_MODEL_PREFIX):])
+            return " ".join([STAMP_PLACEHOLDER.decode()] * count)
+        return CHAT_REPLY
+
+    fake.reply_fn = reply
+    fake._append = lambda rec: None  # keep no history: memory stays flat over a long run
+    fake.start()
+    print("PORT", fake.port, flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if words[:1] == ["event_delay"]:
+            fake.event_delay = float(words[1])
+        elif words[:1] == ["think_time"]:
+            fake.think_time = float(words[1])
+        print("ok", flush=True)
+    fake.close()
+
+
+def cprofile_proxy_role(script, out_path, argv):
+    """Run ``ragproxy.main(argv)`` with every connection thread under cProfile."""
+    import cProfile
+    import pstats
+    import socketserver
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    import ragproxy
+
+    profiles, lock = [], threading.Lock()
+    original = socketserver.ThreadingMixIn.process_request_thread
+
+    def profiled(self, request, client_address):
+        # Thread CPU time, not wall time: a thread blocked in recv() waiting for
+        # the upstream is not spending anything, and wall time would say it is.
+        profile = cProfile.Profile(time.thread_time)
+        profile.enable()
+        try:
+            original(self, request, client_address)
+        finally:
+            profile.disable()
+            with lock:
+                profiles.append(profile)
+
+    socketserver.ThreadingMixIn.process_request_thread = profiled
+    status = ragproxy.main(argv)
+    time.sleep(0.3)  # let connection threads the client just closed finish
+    with lock:
+        done = list(profiles)
+    if done:
+        stats = pstats.Stats(done[0])
+        for profile in done[1:]:
+            stats.add(profile)
+        stats.dump_stats(out_path)
+    sys.exit(status)
+
+
+# --------------------------------------------------------------------------
+# Child processes
+
+
+def _cpu_seconds(pid):
+    """User+system CPU time of a whole process (all threads), or None off Linux."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Child:
+    """A child process that reports a port on startup; its stderr is kept for errors."""
+
+    def __init__(self, argv, env, port_pattern, name):
+        self.name = name
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.pid = self.proc.pid
+        self.stderr_lines = []
+        self.port = None
+        stream = self.proc.stdout if port_pattern is None else self.proc.stderr
+        pattern = re.compile(port_pattern or r"^PORT (\d+)")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            line = stream.readline()
+            if not line:
+                break
+            if stream is self.proc.stderr:
+                self.stderr_lines.append(line)
+            m = pattern.search(line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        if self.port is None:
+            self.stop()
+            rest = "".join(self.stderr_lines) + self.proc.stderr.read()
+            raise RuntimeError(f"{name} did not start:\n{rest}")
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line)
+
+    def command(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def stop(self, sig=signal.SIGINT):
+        if self.proc.poll() is None:
+            if sig is None:
+                self.proc.stdin.close()
+            else:
+                self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _proxy_config(upstream_port):
+    return f"""\
+server:
+  host: 127.0.0.1
+  port: 0
+  log_level: INFO
+api_key_auth: true
+api_keys: [{API_KEY}]
+providers:
+  llm:
+    fake: {{type: openai, base_url: "http://127.0.0.1:{upstream_port}/v1", api_key: upstream-key}}
+models:
+  - {{name: "*", upstream: fake}}
+"""
+
+
+def start_proxy(python, script, upstream_port, workdir, pure, cprofile_out=None):
+    data_dir = os.path.join(workdir, "pure" if pure else "default")
+    os.makedirs(data_dir, exist_ok=True)
+    config = os.path.join(data_dir, "config.yaml")
+    with open(config, "w", encoding="utf-8") as f:
+        f.write(_proxy_config(upstream_port))
+    env = dict(os.environ, RAGPROXY_SECRET_KEY="bench-secret")
+    env.pop("RAGPROXY_PURE", None)
+    if pure:
+        env["RAGPROXY_PURE"] = "1"
+    args = ["serve", "--config", config, "--data-dir", data_dir]
+    if cprofile_out:
+        argv = [python, os.path.abspath(__file__), "--role", "proxy-cprofile", "--profile-out", cprofile_out,
+                "--ragproxy", script, "--"] + args
+    else:
+        argv = [python, script] + args
+    return Child(argv, env, r"listening on http://127\.0\.0\.1:(\d+)", "ragproxy" + (" (pure)" if pure else ""))
+
+
+def version_line(python, script, pure):
+    env = dict(os.environ)
+    env.pop("RAGPROXY_PURE", None)
+    if pure:
+        env["RAGPROXY_PURE"] = "1"
+    out = subprocess.run([python, script, "--version"], env=env, capture_output=True, text=True, timeout=60)
+    return (out.stdout or out.stderr).strip()
+
+
+# --------------------------------------------------------------------------
+# The load generator
+
+
+def request_bytes(port, stream, prompt_bytes, model):
+    words = ("please refactor this function and explain the change " * (prompt_bytes // 50 + 1))
+    body = json.dumps({"model": model, "stream": stream, "max_tokens": 256,
+                       "messages": [{"role": "system", "content": "You are a coding assistant."},
+                                    {"role": "user", "content": words[:prompt_bytes]}]},
+                      separators=(",", ":")).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nContent-Type: application/json\r\n"
+            f"Accept: {'text/event-stream' if stream else 'application/json'}\r\n"
+            f"User-Agent: ragproxy-bench/1\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    return head + body
+
+
+class _Conn:
+    """One keep-alive client connection and the response it is reading."""
+
+    __slots__ = ("sock", "buf", "pos", "head_done", "chunked", "length", "status", "sent_at",
+                 "first_at", "stamps", "think")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.reset()
+
+    def reset(self):
+        self.buf = bytearray()
+        self.pos = 0
+        self.head_done = False
+        self.chunked = False
+        self.length = 0
+        self.status = 0
+        self.first_at = None
+        self.stamps = []
+        self.think = 0.0
+
+    def feed(self, data, now, wall, want_stamps):
+        """Take received bytes; True once the whole response is in."""
+        buf = self.buf
+        buf += data
+        if not self.head_done:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return False
+            lines = bytes(buf[:end]).split(b"\r\n")
+            self.status = int(lines[0].split(None, 2)[1])
+            for line in lines[1:]:
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                if name == b"content-length":
+                    self.length = int(value)
+                elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                    self.chunked = True
+                elif name == b"x-bench-think-ns":
+                    self.think = int(value) / 1e9
+            self.head_done = True
+            self.pos = end + 4
+            if not self.chunked and self.first_at is None:
+                self.first_at = now
+        if not self.chunked:
+            return len(buf) - self.pos >= self.length
+        pos = self.pos
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                return False
+            size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
+            if size == 0:
+                return len(buf) >= eol + 4  # no trailers: "0\r\n\r\n"
+            end = eol + 2 + size
+            if len(buf) < end + 2:
+                return False
+            if self.first_at is None:
+                self.first_at = now
+            if want_stamps:
+                for m in _STAMP.finditer(buf, eol + 2, end):
+                    self.stamps.append(wall - int(m.group(1)))
+            pos = self.pos = end + 2
+
+
+def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps, watch_pids):
+    """Closed-loop load on 127.0.0.1:port; per-request figures from after the warm-up.
+
+    Returns latencies (s), first-event times (s), per-event delays (ns), errors,
+    the measured wall time and the CPU seconds each watched process used in it.
+    """
+    sel = selectors.DefaultSelector()
+    conns = []
+    for _ in range(clients):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(sock)
+        conns.append(conn)
+        sel.register(sock, selectors.EVENT_READ, conn)
+    latencies, firsts, delays = [], [], []
+    errors, first_error = 0, None
+    clock = time.perf_counter
+    start = clock()
+    measure_from = start + warmup
+    stop_at = measure_from + (seconds if max_requests is None else 600.0)
+    measuring, cpu0 = False, {}
+    for conn in conns:
+        conn.sent_at = clock()
+        conn.sock.sendall(payload)
+    active = len(conns)
+    last_event = clock()
+    while active:
+        ready = sel.select(5.0)
+        now = clock()
+        if not ready:
+            if now - last_event > 30:
+                raise RuntimeError(f"no response for 30 s from port {port}")
+            continue
+        last_event = now
+        if not measuring and now >= measure_from:
+            measuring = True
+            measure_from = now
+            cpu0 = {name: _cpu_seconds(pid) for name, pid in watch_pids.items()}
+            cpu0["loadgen"] = time.process_time()
+        for key, _ in ready:
+            conn = key.data
+            data = conn.sock.recv(262144)
+            if not data:
+                raise RuntimeError(f"port {port} closed a keep-alive connection")
+            wall = time.time_ns() if want_stamps else 0
+            now = clock()
+            if not conn.feed(data, now, wall, want_stamps):
+                continue
+            if conn.status != 200:
+                errors += 1
+                if first_error is None:
+                    first_error = bytes(conn.buf).decode("latin-1")[:400]
+            elif measuring and conn.sent_at >= measure_from:
+                latencies.append(now - conn.sent_at - conn.think)
+                firsts.append(conn.first_at - conn.sent_at - conn.think)
+                delays.extend(conn.stamps)
+            conn.reset()
+            done = now >= stop_at or (max_requests is not None and len(latencies) >= max_requests)
+            if done:
+                sel.unregister(conn.sock)
+                conn.sock.close()
+                active -= 1
+            else:
+                conn.sent_at = clock()
+                conn.sock.sendall(payload)
+    elapsed = clock() - measure_from
+    cpu = {name: _delta(_cpu_seconds(pid), cpu0.get(name)) for name, pid in watch_pids.items()}
+    cpu["loadgen"] = time.process_time() - cpu0.get("loadgen", 0.0)
+    sel.close()
+    if first_error:
+        print(f"  first error from port {port}: {first_error!r}", file=sys.stderr)
+    return latencies, firsts, delays, errors, elapsed, cpu
+
+
+def _delta(after, before):
+    return None if after is None or before is None else after - before
+
+
+def percentile(values, q):
+    """Nearest-rank percentile of an unsorted list (None when empty)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+# --------------------------------------------------------------------------
+# Scenarios and reporting
+
+
+def _fmt(value, spec=".3f", signed=False):
+    if value is None:
+        return "-"
+    return format(value, ("+" if signed else "") + spec)
+
+
+SCENARIOS = ("chat", "slow", "stream", "events")
+
+
+def run_scenario(name, targets, clients, opts, upstream):
+    """Run one scenario at one client count against every target; return result dicts."""
+    stream = name in ("stream", "events")
+    stamped = name == "events"
+    model = f"{STAMPED_MODEL_PREFIX}{opts.events}" if stamped else "bench-model"
+    upstream.command(f"event_delay {opts.event_interval_ms / 1000.0 if stamped else 0}")
+    upstream.command(f"think_time {opts.slow_ms / 1000.0 if name == 'slow' else 0}")
+    # Rounds interleave the targets (direct, proxy, direct, proxy, ...) so a
+    # burst of outside load on the machine hits both sides alike.
+    samples = {label: ([], [], [], [0, 0.0], {}) for label, _ in targets}
+    per_round = None if opts.requests is None else max(1, opts.requests // opts.rounds)
+    for _ in range(opts.rounds):
+        for label, child in targets:
+            watch = {"upstream": upstream.pid}
+            if child is not None:
+                watch["proxy"] = child.pid
+            port = child.port if child is not None else upstream.port
+            payload = request_bytes(port, stream, opts.prompt_bytes, model)
+            lat, first, delays, errors, elapsed, cpu = run_load(
+                port, payload, clients, opts.seconds / opts.rounds, per_round, opts.warmup, stamped, watch)
+            all_lat, all_first, all_delays, totals, all_cpu = samples[label]
+            all_lat += lat
+            all_first += first
+            all_delays += delays
+            totals[0] += errors
+            totals[1] += elapsed
+            for k, v in cpu.items():
+                all_cpu[k] = None if v is None or all_cpu.get(k, 0.0) is None else all_cpu.get(k, 0.0) + v
+    results = []
+    for label, _ in targets:
+        lat, first, delays, (errors, elapsed), cpu = samples[label]
+        n = len(lat)
+        result = {
+            "scenario": name, "clients": clients, "path": label, "requests": n, "errors": errors,
+            "seconds": round(elapsed, 3), "rps": round(n / elapsed, 1) if elapsed > 0 else None,
+            "p50_ms": _ms(percentile(lat, 50)), "p99_ms": _ms(percentile(lat, 99)),
+            "first_p50_ms": _ms(percentile(first, 50)) if stream else None,
+            # /proc counts CPU time in 10 ms ticks: below 0.2 s the figure is noise.
+            "cpu_us_per_req": {k: (round(v / n * 1e6, 1) if v is not None and n and
+                                   (k == "loadgen" or v >= 0.2) else None)
+                               for k, v in cpu.items()},
+        }
+        if stamped:
+            result["events"] = len(delays)
+            result["event_p50_us"] = _us(percentile(delays, 50))
+            result["event_p99_us"] = _us(percentile(delays, 99))
+        results.append(result)
+    base = results[0]
+    for result in results[1:]:
+        for key in ("p50_ms", "p99_ms", "first_p50_ms"):
+            if result[key] is not None and base[key] is not None:
+                result["added_" + key] = round(result[key] - base[key], 4)
+        for key in ("event_p50_us", "event_p99_us"):
+            if key in result and result[key] is not None and base[key] is not None:
+                result["added_" + key] = round(result[key] - base[key], 1)
+    return results
+
+
+def _ms(seconds):
+    return None if seconds is None else round(seconds * 1000.0, 4)
+
+
+def _us(nanoseconds):
+    return None if nanoseconds is None else round(nanoseconds / 1000.0, 1)
+
+
+def print_table(name, rows, opts):
+    titles = {
+        "chat": "chat: non-stream chat completions, instant upstream; latency per request (ms)",
+        "slow": (f"slow: non-stream chat completions, upstream thinks {opts.slow_ms:g} ms (+-50%) per request; "
+                 "latency minus that think time (ms)"),
+        "stream": (f"stream: streaming chat completions ({len(CHAT_REPLY.split()) + 3} events back to back), "
+                   "time to the last byte and to the first event (ms)"),
+        "events": (f"events: streams of {opts.events} stamped events, one every {opts.event_interval_ms:g} ms; "
+                   "delay from the upstream's write to the client's receive (us)"),
+    }
+    print()
+    print(titles[name])
+    if name == "events":
+        header = f"{'clients':>7}  {'path':<14}{'events':>8}{'p50':>9}{'p99':>9}{'added p50':>11}{'added p99':>11}"
+        print(header)
+        for r in rows:
+            print(f"{r['clients']:>7}  {r['path']:<14}{r['events']:>8}{_fmt(r['event_p50_us'], '.1f'):>9}"
+                  f"{_fmt(r['event_p99_us'], '.1f'):>9}"
+                  f"{_fmt(r.get('added_event_p50_us'), '.1f', True) if 'added_event_p50_us' in r else '':>11}"
+                  f"{_fmt(r.get('added_event_p99_us'), '.1f', True) if 'added_event_p99_us' in r else '':>11}")
+        return
+    first = name == "stream"
+    header = (f"{'clients':>7}  {'path':<14}{'p50':>8}{'p99':>8}{'req/s':>9}"
+              + (f"{'1st evt':>9}" if first else "")
+              + f"{'added p50':>11}{'added p99':>11}{'proxy CPU/req':>15}")
+    print(header)
+    for r in rows:
+        added = "added_p50_ms" in r
+        cpu = r["cpu_us_per_req"].get("proxy")
+        line = (f"{r['clients']:>7}  {r['path']:<14}{_fmt(r['p50_ms']):>8}{_fmt(r['p99_ms']):>8}"
+                f"{_fmt(r['rps'], '.0f'):>9}")
+        if first:
+            line += f"{_fmt(r['first_p50_ms']):>9}"
+        line += (f"{_fmt(r.get('added_p50_ms'), '.3f', True) if added else '':>11}"
+                 f"{_fmt(r.get('added_p99_ms'), '.3f', True) if added else '':>11}"
+                 f"{(_fmt(cpu, '.0f') + ' us') if cpu is not None else '':>15}")
+        if r["errors"]:
+            line += f"  ({r['errors']} errors)"
+        print(line)
+
+
+def print_verdict(results, opts):
+    print()
+    print(f"target: at most +{TARGET_ADDED_P50_MS} ms p50 per request (stream: to the first event); "
+          "streaming holds no event back")
+    for r in results:
+        where = f"  {r['scenario']:<7}{r['clients']:>3} clients  {r['path']:<14}"
+        if r["scenario"] in ("chat", "slow") and "added_p50_ms" in r:
+            ok = r["added_p50_ms"] <= TARGET_ADDED_P50_MS
+            print(f"{where}added p50 {r['added_p50_ms']:+.3f} ms  {'met' if ok else 'MISSED'}")
+        elif r["scenario"] == "stream" and "added_first_p50_ms" in r:
+            ok = r["added_first_p50_ms"] <= TARGET_ADDED_P50_MS
+            print(f"{where}added p50 to the first event {r['added_first_p50_ms']:+.3f} ms  "
+                  f"{'met' if ok else 'MISSED'}; to the last byte {r['added_p50_ms']:+.3f} ms")
+        elif "added_event_p50_us" in r:
+            # An event held until the next one arrives would add about one interval.
+            held = r["added_event_p50_us"] >= opts.event_interval_ms * 1000 / 2
+            print(f"{where}added per event p50 {r['added_event_p50_us']:+.1f} us, "
+                  f"p99 {r['added_event_p99_us']:+.1f} us  "
+                  f"{'events HELD BACK' if held else 'met: each event relayed as it came'}")
+
+
+def _load_average():
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _py_spy_start(pid, out_path):
+    exe = shutil.which("py-spy")
+    if exe is None:
+        raise SystemExit("--py-spy needs py-spy (python -m pip install py-spy)")
+    fmt = "speedscope" if out_path.endswith(".json") else ("flamegraph" if out_path.endswith(".svg") else "raw")
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", "500", "--format", fmt,
+                             "--output", out_path, "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _parse_args(argv):
+    p = argparse.ArgumentParser(description="Latency ragproxy adds in front of an LLM server (direct vs proxied).")
+    p.add_argument("--clients", default="1,16", help="comma-separated client counts (default 1,16)")
+    p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run (default 3)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="measure this many requests per run instead of --seconds")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="split each run into this many slices, alternating direct and proxied (default 3)")
+    p.add_argument("--warmup", type=float, default=0.3,
+                   help="unmeasured seconds before each slice (default 0.3)")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help="any of %s (default: all)" % ",".join(SCENARIOS))
+    p.add_argument("--slow-ms", type=float, default=20.0,
+                   help="mean upstream think time in 'slow' (default 20)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--pure", action="store_true", help="run the proxy with RAGPROXY_PURE=1 (http.client pool)")
+    mode.add_argument("--both", action="store_true", help="run the default (urllib3) and the pure proxy")
+    p.add_argument("--json", action="store_true", help="also print one JSON line with every figure")
+    p.add_argument("--prompt-bytes", type=int, default=1000, help="size of the user message (default 1000)")
+    p.add_argument("--events", type=int, default=20, help="stamped events per stream in 'events' (default 20)")
+    p.add_argument("--event-interval-ms", type=float, default=5.0,
+                   help="upstream pause between events in 'events' (default 5)")
+    p.add_argument("--python", default=sys.executable, help="interpreter for the proxy and the upstream")
+    p.add_argument("--ragproxy", default=RAGPROXY, metavar="PATH",
+                   help="the ragproxy.py to run (default: the checkout's), e.g. a patched copy to compare")
+    p.add_argument("--py-spy", metavar="FILE", help="sample the proxy with py-spy while the load runs "
+                   "(raw collapsed stacks; .svg flamegraph; .json speedscope)")
+    p.add_argument("--cprofile", metavar="FILE", help="run the proxy with cProfile on its connection threads "
+                   "and save the stats (slows the proxy: latencies are not comparable)")
+    p.add_argument("--role", choices=("upstream", "proxy-cprofile"), help=argparse.SUPPRESS)
+    p.add_argument("--profile-out", help=argparse.SUPPRESS)
+    p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    opts = p.parse_args(argv)
+    try:
+        opts.client_counts = [int(c) for c in opts.clients.split(",") if c.strip()]
+    except ValueError:
+        p.error(f"--clients must be comma-separated numbers, got {opts.clients!r}")
+    if opts.rounds < 1:
+        p.error("--rounds must be at least 1")
+    if not opts.client_counts or min(opts.client_counts) < 1:
+        p.error("--clients needs at least one count of 1 or more")
+    opts.scenario_list = [s.strip() for s in opts.scenarios.split(",") if s.strip()]
+    unknown = set(opts.scenario_list) - set(SCENARIOS)
+    if unknown:
+        p.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    if opts.py_spy and opts.cprofile:
+        p.error("choose one of --py-spy and --cprofile")
+    return opts
+
+
+def main(argv=None):
+    opts = _parse_args(sys.argv[1:] if argv is None else argv)
+    if opts.role == "upstream":
+        upstream_role()
+        return 0
+    if opts.role == "proxy-cprofile":
+        cprofile_proxy_role(opts.ragproxy, opts.profile_out, opts.rest)
+        return 0
+
+    modes = [False, True] if opts.both else [opts.pure]
+    versions = {("ragproxy-pure" if pure else "ragproxy"): version_line(opts.python, opts.ragproxy, pure)
+                for pure in modes}
+    cpus = os.cpu_count()
+    print("ragproxy proxy-overhead benchmark")
+    print(f"  load generator: Python {platform.python_version()} ({platform.python_implementation()}), "
+          f"{platform.system()} {platform.machine()}, {cpus} CPUs")
+    for label, line in versions.items():
+        print(f"  {label}: {line}")
+    if os.path.abspath(opts.ragproxy) != RAGPROXY:
+        print(f"  ragproxy script: {opts.ragproxy}")
+    load = _load_average()
+    if load is not None:
+        busy = "  (other processes are busy: expect noisy figures)" if load > 0.5 else ""
+        print(f"  load average before the run: {load:.2f}{busy}")
+    print(f"  3 processes (load generator, fake upstream, proxy) share these {cpus} CPUs; "
+          "at 16 clients they compete for them")
+    run_desc = f"{opts.requests} requests" if opts.requests else f"{opts.seconds:g} s"
+    print(f"  {run_desc} per run in {opts.rounds} slices alternating direct and proxied, each after "
+          f"{opts.warmup:g} s warm-up; user message {opts.prompt_bytes} bytes; 127.0.0.1 only")
+
+    workdir = tempfile.mkdtemp(prefix="ragproxy-bench-")
+    upstream = proxies = spy = None
+    results = []
+    try:
+        upstream = Child([opts.python, os.path.abspath(__file__), "--role", "upstream"], dict(os.environ),
+                         None, "fake upstream")
+        proxies = []
+        for pure in modes:
+            proxies.append(start_proxy(opts.python, opts.ragproxy, upstream.port, workdir, pure,
+                                       opts.cprofile if not proxies else None))
+        if opts.py_spy:
+            spy = _py_spy_start(proxies[0].pid, opts.py_spy)
+            time.sleep(0.5)
+        targets = [("direct", None)] + [("ragproxy-pure" if pure else "ragproxy", child)
+                                        for pure, child in zip(modes, proxies)]
+        for name in opts.scenario_list:
+            rows = []
+            for clients in opts.client_counts:
+                rows += run_scenario(name, targets, clients, opts, upstream)
+            print_table(name, rows, opts)
+            sys.stdout.flush()
+            results += rows
+    finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+        for child in proxies or []:
+            child.stop(signal.SIGINT)
+        if upstream is not None:
+            upstream.stop(None)
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_verdict(results, opts)
+    if opts.py_spy:
+        print(f"\npy-spy samples of the {targets[1][0]} process: {opts.py_spy}")
+    if opts.cprofile:
+        print(f"\ncProfile stats of the {targets[1][0]} process: {opts.cprofile} "
+              "(python -m pstats FILE; latencies above include cProfile's slowdown)")
+    if opts.json:
+        print(json.dumps({"bench": "proxy_overhead", "python": platform.python_version(), "cpus": cpus,
+                          "platform": platform.platform(), "ragproxy": versions,
+                          "load_average_before": load,
+                          "options": {"seconds": opts.seconds, "requests": opts.requests, "rounds": opts.rounds,
+                                      "warmup": opts.warmup, "slow_ms": opts.slow_ms,
+                                      "prompt_bytes": opts.prompt_bytes, "events": opts.events,
+                                      "event_interval_ms": opts.event_interval_ms},
+                          "results": results}, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (RuntimeError, OSError) as exc:
+        sys.exit(f"proxy_overhead: {exc}")
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,198 @@
+"""The benchmark scripts: metric arithmetic, and tiny end-to-end runs.
+
+The metrics are checked against values worked out by hand from the trec_eval
+definitions; the scripts are run the way a user runs them, as processes, on
+the ragproxy.py this suite is testing.  No timing is asserted.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import ragproxy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+SHARED_EVAL = os.path.join(os.path.dirname(ROOT), "shared", "eval")
+sys.path.insert(0, BENCH)
+
+import eval_retrieval as ev  # noqa: E402
+
+
+def run_script(script, *args, env=None, timeout=600):
+    """Run a bench script on the ragproxy under test; returns the CompletedProcess."""
+    cmd = [sys.executable, os.path.join(BENCH, script)] + list(args) + ["--ragproxy", ragproxy.__file__]
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
+
+
+# -- metrics -------------------------------------------------------------------
+
+def test_ndcg_graded_gain_and_log2_discount():
+    judgments = {"a": 2, "b": 1, "c": 0}
+    # DCG = 1/log2(2) + 0 + 2/log2(4) = 2; ideal [a, b] = 2 + 1/log2(3)
+    assert ev.ndcg_at_k(["b", "x", "a"], judgments) == pytest.approx(2 / (2 + 1 / math.log2(3)))
+    assert ev.ndcg_at_k(["a", "b"], judgments) == pytest.approx(1.0)
+    assert ev.ndcg_at_k(["c", "x"], judgments) == 0.0
+
+
+def test_ndcg_cuts_at_k_and_ideal_comes_from_the_judgments():
+    judgments = {"r": 1}
+    ranked = ["x%d" % i for i in range(10)] + ["r"]
+    assert ev.ndcg_at_k(ranked, judgments, 10) == 0.0
+    assert ev.ndcg_at_k(ranked, judgments, 11) == pytest.approx(1 / math.log2(12))
+    # Judged-relevant documents never retrieved still count in the ideal DCG.
+    assert ev.ndcg_at_k(["a"], {"a": 1, "b": 1}) == pytest.approx(1 / (1 + 1 / math.log2(3)))
+
+
+def test_recall_counts_positive_judgments_only():
+    judgments = {"a": 1, "b": 2, "c": 1, "d": 0}
+    assert ev.recall_at_k(["a", "d", "x", "c"], judgments, 100) == pytest.approx(2 / 3)
+    assert ev.recall_at_k(["a", "d", "x", "c"], judgments, 1) == pytest.approx(1 / 3)
+    assert ev.recall_at_k(["d"], judgments) == 0.0
+
+
+def test_mrr_is_first_relevant_rank_within_k():
+    judgments = {"a": 1, "z": 0}
+    assert ev.mrr_at_k(["z", "x", "a"], judgments) == pytest.approx(1 / 3)
+    assert ev.mrr_at_k(["x%d" % i for i in range(10)] + ["a"], judgments, 10) == 0.0
+    assert ev.mrr_at_k(["a", "x"], judgments) == 1.0
+
+
+def test_evaluate_skips_all_zero_queries_and_scores_missing_runs_zero():
+    qrels = {"q1": {"a": 1}, "q2": {"b": 0}, "q3": {"c": 1}}
+    run = {"q1": ["a"], "q2": ["b"]}            # q3 has no hits at all
+    means, per_query = ev.evaluate(run, qrels)
+    assert sorted(per_query) == ["q1", "q3"]
+    assert means == {"ndcg@10": 0.5, "recall@100": 0.5, "mrr@10": 0.5}
+
+
+def test_chunks_map_to_documents_at_their_best_rank():
+    prefix = "bench/corpus.jsonl"
+    sources = ["bench/corpus.jsonl#7", "bench/corpus.jsonl#3", "bench/corpus.jsonl#7", "bench/corpus.jsonl#a#b"]
+    docs = ev.best_rank_per_document([ev.doc_id_of(s, prefix) for s in sources])
+    assert docs == ["7", "3", "a#b"]
+    assert ev.doc_id_of("other/corpus.jsonl#7", prefix) is None
+    assert ev.doc_id_of("bench/notes.md", prefix) is None
+
+
+def write_collection(path, docs, queries, qrels, split="test"):
+    os.makedirs(os.path.join(path, "qrels"))
+    with open(os.path.join(path, "corpus.jsonl"), "w") as f:
+        for doc_id, title, text in docs:
+            f.write(json.dumps({"_id": doc_id, "title": title, "text": text}) + "\n")
+    with open(os.path.join(path, "queries.jsonl"), "w") as f:
+        for qid, text in queries:
+            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    with open(os.path.join(path, "qrels", split + ".tsv"), "w") as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        for qid, doc_id, score in qrels:
+            f.write(f"{qid}\t{doc_id}\t{score}\n")
+    return str(path)
+
+
+def test_read_beir_skips_the_header(tmp_path):
+    path = write_collection(tmp_path / "c", [("1", "", "x")], [("q", "x")], [("q", "1", 2), ("q", "9", 0)])
+    corpus, queries, qrels = ev.read_beir(path, "test")
+    assert corpus.endswith("corpus.jsonl")
+    assert queries == {"q": "x"}
+    assert qrels == {"q": {"1": 2, "9": 0}}
+
+
+# -- eval_retrieval end to end ---------------------------------------------------
+
+def last_json(stdout):
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    assert lines, stdout
+    return [json.loads(ln) for ln in lines]
+
+
+def test_eval_retrieval_finds_the_only_matching_documents(tmp_path):
+    # Each query shares one rare word with exactly one document, so a working
+    # pipeline (import, search, chunk -> document id) scores 1.0 everywhere;
+    # a document split into several chunks still counts once.
+    filler = " ".join("common words about nothing in particular" for _ in range(60))
+    docs = [("d%d" % i, "Title %d" % i, "%s %s" % (filler, word)) for i, word in
+            enumerate(["zebra", "quokka", "axolotl", "narwhal", "pangolin"])]
+    docs.append(("long", "A long one", (filler + " ") * 6 + "okapi"))
+    queries = [("q1", "where is the quokka"), ("q2", "pangolin facts"), ("q3", "the okapi"),
+               ("q4", "nothing judged here")]
+    qrels = [("q1", "d1", 1), ("q2", "d4", 2), ("q3", "long", 1), ("q4", "d0", 0)]
+    path = write_collection(tmp_path / "c", docs, queries, qrels)
+    proc = run_script("eval_retrieval.py", path, "--top-k", "5")
+    assert proc.returncode == 0, proc.stderr
+    (result,) = last_json(proc.stdout)
+    assert result["queries"] == 3                 # q4's judgments are all zero
+    assert result["chunks"] > result["docs"] == 6  # the long document was split
+    assert result["ndcg@10"] == result["recall@100"] == result["mrr@10"] == 1.0
+    assert "best chunk per document" in proc.stdout
+
+
+def test_eval_retrieval_rejects_dense_without_embeddings(tmp_path):
+    path = write_collection(tmp_path / "c", [("1", "", "x")], [("q", "x")], [("q", "1", 1)])
+    proc = run_script("eval_retrieval.py", path, "--mode", "dense")
+    assert proc.returncode == 2
+    assert "--embed-url" in proc.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_EVAL, "scifact")),
+                    reason="the shared eval collections are not beside the checkout")
+def test_eval_retrieval_on_a_scifact_slice(tmp_path):
+    run_file = tmp_path / "run.trec"
+    proc = run_script("eval_retrieval.py", os.path.join(SHARED_EVAL, "scifact"), "--limit-queries", "20",
+                      "--limit-docs", "200", "--save-run", str(run_file))
+    assert proc.returncode == 0, proc.stderr
+    (result,) = last_json(proc.stdout)
+    assert result["queries"] == 20 and result["docs"] == 200 and result["mode"] == "lexical"
+    for metric in ("ndcg@10", "recall@100", "mrr@10"):
+        assert 0.0 <= result[metric] <= 1.0
+    assert result["ndcg@10"] > 0   # the judged documents are in the slice
+    lines = run_file.read_text().splitlines()
+    assert lines and all(len(line.split()) == 6 for line in lines)
+    assert "nDCG@10" in proc.stdout   # the readable table
+
+
+# -- perf.py ------------------------------------------------------------------------
+
+def blocked_libraries(tmp_path):
+    """A PYTHONPATH entry on which bm25s and rank_bm25 fail to import, as when not installed."""
+    block = tmp_path / "block"
+    block.mkdir()
+    for name in ("bm25s", "rank_bm25"):
+        (block / (name + ".py")).write_text("raise ImportError('blocked for the test')\n")
+    return {"PYTHONPATH": str(block) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def test_perf_lexical_runs_without_bm25s(tmp_path):
+    proc = run_script("perf.py", "--only", "lexical", "--max-files", "5", "--queries", "10", "--json",
+                      env=blocked_libraries(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "bm25s not installed" in proc.stdout
+    assert "rank_bm25 not installed" in proc.stdout
+    (report,) = last_json(proc.stdout)
+    sides = report["lexical"]["sides"]
+    assert set(sides) == {"ragproxy", "ragproxy-pure"}
+    # Both ragproxy paths rank alike: same top 10 for every query.
+    assert sides["ragproxy-pure"]["top10_overlap"] == 1.0
+    assert sides["ragproxy"]["docs"] > 0 and sides["ragproxy"]["queries"] == 10
+
+
+def test_perf_dense_and_startup_tiny(tmp_path):
+    pytest.importorskip("numpy")
+    proc = run_script("perf.py", "--only", "dense,startup", "--dense-sizes", "500", "--dense-queries", "5",
+                      "--pure-queries", "2", "--max-files", "3", "--startup-chunks", "50", "--startup-runs", "1",
+                      "--json")
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    sides = {s["side"]: s for s in report["dense"]["sizes"]["500"]}
+    exact = sides["ragproxy dense_top_k (in memory)"]
+    assert exact["recall@10"] == 1.0
+    for side in sides.values():
+        assert side["recall@10"] is None or 0.0 <= side["recall@10"] <= 1.0
+    assert any("pure" in name for name in sides)
+    startup = report["startup"]
+    assert startup["chunks"] == 50
+    assert set(startup["ms"]) >= {"python ragproxy.py search", "python -m ragproxy search (cached bytecode)"}
