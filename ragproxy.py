@@ -4621,6 +4621,14 @@ def _np_top(scores, rows, k):
     return part[order]
 
 
+def _checked_query(vectors, query_vec):
+    """The unit-length query, or None for a zero vector; its dimension must match the rows'."""
+    dim = _vector_dim(vectors)
+    if len(query_vec) != dim:
+        raise ValueError("query has %d dimensions, vectors have %s" % (len(query_vec), dim))
+    return _unit(query_vec)
+
+
 def dense_top_k(vectors, query_vec, k, candidates=None):
     """Exact cosine top-k over L2-normalised `vectors`: [(row, score)], best first.
 
@@ -4631,10 +4639,7 @@ def dense_top_k(vectors, query_vec, k, candidates=None):
     """
     if vectors is None or k <= 0 or not len(vectors):
         return []
-    dim = _vector_dim(vectors)
-    q = _unit(query_vec)
-    if len(query_vec) != dim:
-        raise ValueError("query has %d dimensions, vectors have %s" % (len(query_vec), dim))
+    q = _checked_query(vectors, query_vec)
     if q is None:
         return []
     n = len(vectors)
@@ -4703,10 +4708,7 @@ def dense_top_k_compact(compact, vectors, query_vec, k, oversample=4, scales=Non
         return []
     if len(compact) != len(vectors):
         raise ValueError("compact copy has %d rows, vectors have %d" % (len(compact), len(vectors)))
-    q = _unit(query_vec)
-    dim = _vector_dim(vectors)
-    if len(query_vec) != dim:
-        raise ValueError("query has %d dimensions, vectors have %s" % (len(query_vec), dim))
+    q = _checked_query(vectors, query_vec)
     if q is None:
         return []
     n = len(vectors)
