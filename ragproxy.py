@@ -2765,12 +2765,12 @@ _bisect_left = bisect.bisect_left
 
 
 # === 7. Documents ===
-# Files become Documents (extract) and Documents become retrieval-sized Chunks
-# (chunk_document).  Pure functions over bytes and strings: the caller does the
-# directory walk, the manifest and the I/O.
+# Files become Documents (extract); section 8 turns Documents into
+# retrieval-sized Chunks (chunk_document).  Pure functions over bytes and
+# strings: the caller does the directory walk, the manifest and the I/O.
 #
-# Public names: Chunk, Document, SkipFile, extract, chunk_document,
-#   count_tokens, DEFAULT_CHUNK_SIZE, DEFAULT_CHUNK_OVERLAP, DEFAULT_MAX_BYTES
+# Public names: Chunk, Document, SkipFile, extract, count_tokens,
+#   DEFAULT_CHUNK_SIZE, DEFAULT_CHUNK_OVERLAP, DEFAULT_MAX_BYTES
 #
 # Sizes are in *estimated tokens*: whitespace-separated words plus ASCII
 # punctuation characters plus CJK characters (count_tokens).  That tracks BPE
