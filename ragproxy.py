@@ -1419,6 +1419,15 @@ class UpstreamError(Exception):
         self.kind = kind
 
 
+def _header_value(pairs, name, default=None):
+    """The first value of header ``name`` in ``(name, value)`` pairs, any letter case."""
+    name = name.lower()
+    for key, value in pairs:
+        if key.lower() == name:
+            return value
+    return default
+
+
 class UpstreamResponse:
     """Status, headers and an incremental body of one upstream response."""
 
@@ -1432,11 +1441,7 @@ class UpstreamResponse:
         self._done = False
 
     def header(self, name, default=""):
-        name = name.lower()
-        for key, value in self.headers:
-            if key.lower() == name:
-                return value
-        return default
+        return _header_value(self.headers, name, default)
 
     def read1(self):
         """Return the next bytes available (b"" at the end); raise UpstreamError on failure."""
@@ -7103,13 +7108,12 @@ class KnowledgeBase:
             log.info("kb %s: chunking, BM25 or embedding settings changed; re-indexing every file", spec.name)
             full = True
         old_manifest = old.manifest if old is not None and not full else {}
-        old_forward = _ForwardIndex.load(old, old_bm25) if old is not None and not full else None
         files = self.scan()
         self.status["total"] = len(files)
         manifest, kept = {}, []
-        with self.store.begin() as writer:
-            forward = _ForwardIndex(old_bm25.vocab if old_forward is not None else None)
-            batch = _EmbedBatch(self, writer, forward, manifest, report)
+        batch = _EmbedBatch(self, old_bm25.vocab if old_manifest and old_bm25 is not None else None,
+                            manifest, report)
+        try:
             for n, (source, (path, size, mtime)) in enumerate(sorted(files.items()), 1):
                 self.status["done"] = n
                 if progress:
@@ -7141,22 +7145,25 @@ class KnowledgeBase:
             report.unchanged = len(kept) - len(batch.deferred_kept)
             if not batch.changed and not report.deleted and old is not None and not full \
                     and manifest == old_manifest:
-                writer.abort()
+                # The background indexer lands here on every poll: no writer,
+                # no forward index, no vocabulary copy were made for nothing.
                 report.chunks, report.generation = len(old), old.name
                 return
+            writer, forward = batch.open()
             if kept:
                 rows = self._rows_of(old, manifest, kept, writer.chunk_count)
                 writer.copy_rows(old, rows)
-                forward.add_rows(old_forward, rows)
-            bm25 = forward.bm25(spec.k1, spec.b)
-            gen_dir = os.path.dirname(writer.path(_BM25_META))
-            bm25.save(gen_dir)
-            forward.save(gen_dir)
-            for name in os.listdir(gen_dir):  # register what save() wrote, so it commits with the rest
-                if name.startswith(("bm25", "fwd_")):
-                    writer.path(name)
+                forward.add_rows(_ForwardIndex.load(old, old_bm25), rows)
+            # Every file in the writer's directory is committed with the generation.
+            forward.bm25(spec.k1, spec.b).save(writer.dir)
+            forward.save(writer.dir)
             writer.set_manifest(manifest)
             writer.write_file(_SETTINGS_FILE, json.dumps(self._settings(), sort_keys=True).encode("utf-8"))
+            writer.commit()
+        except BaseException:
+            if batch.writer is not None:
+                batch.writer.abort()  # a no-op once commit() has begun: it cleans up itself
+            raise
         generation = self.store.current()
         report.committed = True
         report.chunks, report.generation = len(generation), generation.name
@@ -7329,8 +7336,10 @@ class _EmbedBatch:
 
     SIZE = 256
 
-    def __init__(self, kb, writer, forward, manifest, report):
-        self.kb, self.writer, self.forward, self.manifest, self.report = kb, writer, forward, manifest, report
+    def __init__(self, kb, vocab, manifest, report):
+        self.kb, self.manifest, self.report = kb, manifest, report
+        self._vocab = vocab       # the previous generation's term ids, kept stable
+        self.writer = self.forward = None  # made by open() when there is something to write
         self.pending, self.count = [], 0
         self.changed = False  # anything new was written, so a new generation is due
         self.deferred_kept = []  # (source, old manifest entry)
@@ -7344,6 +7353,13 @@ class _EmbedBatch:
         self.count += len(chunks)
         if not self.dense or self.count >= self.SIZE:
             self.flush()
+
+    def open(self):
+        """The generation writer and forward index, created on first use."""
+        if self.writer is None:
+            self.writer = self.kb.store.begin()
+            self.forward = _ForwardIndex(self._vocab)
+        return self.writer, self.forward
 
     def flush(self):
         pending, self.pending, self.count = self.pending, [], 0
@@ -7360,17 +7376,18 @@ class _EmbedBatch:
                     if before:
                         self.deferred_kept.append((source, before))
                 return
+        writer, forward = self.open()
         start = 0
         for source, entry, chunks, _ in pending:
-            self.manifest[source] = dict(entry, row=self.writer.chunk_count)
+            self.manifest[source] = dict(entry, row=writer.chunk_count)
             if not chunks:
                 continue
-            self.writer.add_chunks([c.to_json() for c in chunks])
+            writer.add_chunks([c.to_json() for c in chunks])
             if vectors is not None:
-                self.writer.add_vectors(vectors[start:start + len(chunks)])
+                writer.add_vectors(vectors[start:start + len(chunks)])
                 start += len(chunks)
             for chunk in chunks:
-                self.forward.add(self.kb.chunk_terms(chunk))
+                forward.add(self.kb.chunk_terms(chunk))
         self.changed = True
 
 
@@ -9420,11 +9437,7 @@ class _RequestHeaders:
         self.pairs = pairs  # [(name, value)], names as sent
 
     def get(self, name, default=None):
-        name = name.lower()
-        for key, value in self.pairs:
-            if key.lower() == name:
-                return value
-        return default
+        return _header_value(self.pairs, name, default)
 
     def items(self):
         return list(self.pairs)
