@@ -1059,6 +1059,8 @@ _SCHEMA = {
     },
 }
 
+# Knowledge-base names become directory names: no separators, no dot-only names.
+_KB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -1337,7 +1339,7 @@ def _check_semantics(raw, positions, errors):
         names_seen[name] = i
     for name, kb in raw["knowledge_bases"].items():
         path = ("knowledge_bases", name)
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", name):
+        if not _KB_NAME.match(name):
             errors.append((_format_path(path), _line_of(positions, path),
                            "a knowledge base name uses letters, digits, '_', '-' and '.' (64 at most)"))
         if not isinstance(kb, dict):
@@ -6822,7 +6824,6 @@ def _with_text(content, text, prepend, part_type):
 # source) and runs beside queries, which keep using the last committed
 # generation until the next commit is complete.
 
-_KB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ALWAYS_EXCLUDED_DIRS = frozenset((".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv",
                                    ".tox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".idea", ".DS_Store"))
 _RRF_K = 60
@@ -6832,7 +6833,7 @@ _COMPACT_KINDS = {"int8": "i8", "float16": "f16"}  # config name -> vector store
 
 
 def _valid_kb_name(name):
-    return isinstance(name, str) and bool(_KB_NAME.match(name)) and name not in (".", "..")
+    return isinstance(name, str) and bool(_KB_NAME.match(name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -9086,12 +9087,19 @@ class App:
             headers[name.lower()] = value
         return headers
 
-    def _send(self, request, dialect, provider, method, url, body, extra_headers):
+    def open_upstream(self, request, provider, method, url, body, content_type=None):
+        """Send ``body`` to ``provider`` with the client's forwardable headers; the UpstreamResponse."""
         headers = self.upstream_headers(request, provider)
         if body is not None:
             headers["content-length"] = str(len(body))
-            headers.setdefault("content-type", "application/json")
-        upstream = self.http.request(method, url, headers, body, provider.connect_timeout, provider.read_timeout)
+            if content_type:
+                headers["content-type"] = content_type
+            else:
+                headers.setdefault("content-type", "application/json")
+        return self.http.request(method, url, headers, body, provider.connect_timeout, provider.read_timeout)
+
+    def _send(self, request, dialect, provider, method, url, body, extra_headers):
+        upstream = self.open_upstream(request, provider, method, url, body)
         out_headers = [(k, v) for k, v in upstream.headers if k.lower() not in _DROP_DOWNSTREAM]
         out_headers += extra_headers
         content_type = upstream.header("content-type")
@@ -9338,10 +9346,7 @@ def _translate_ollama_call(app, exchange):
     provider = exchange.provider
     body = _ollama_to_openai(exchange.endpoint.name, exchange.payload, exchange.payload.get("model", ""))
     url = _upstream_url(provider, "/v1/chat/completions", "")
-    headers = app.upstream_headers(exchange.request, provider)
-    data = _json_bytes(body)
-    headers.update({"content-type": "application/json", "content-length": str(len(data))})
-    upstream = app.http.request("POST", url, headers, data, provider.connect_timeout, provider.read_timeout)
+    upstream = app.open_upstream(exchange.request, provider, "POST", url, _json_bytes(body), "application/json")
     reply = _OllamaReply(exchange.endpoint.name, exchange.model, app.clock)
     if upstream.status >= 400:
         raw = upstream.read_all(_MAX_UPSTREAM_BODY)
