@@ -35,8 +35,10 @@ Sections (each behind a ``# === N. Title ===`` banner, in dependency order):
   15. Request log and metrics
   16. Proxy core
   17. Ollama translation
-  18. HTTP server
-  19. Command line
+  18. Uploads
+  19. Admin API
+  20. HTTP server
+  21. Command line
 """
 from __future__ import annotations
 
@@ -91,11 +93,16 @@ import email.utils
 import glob
 import sqlite3
 import selectors
+import gzip
+import tarfile
+import uuid
+import zipfile
+import zlib
 
 __version__ = "0.1.0"
 __all__ = [
     # 1-2. optional dependencies, YAML
-    "__version__", "FEATURES", "YAMLError", "parse_yaml", "load_yaml",
+    "__version__", "FEATURES", "YAMLError", "parse_yaml", "load_yaml", "dump_yaml",
     # 3-4. configuration, upstream HTTP
     "Config", "ConfigError", "Provider", "ModelRoute", "DEFAULT_CONFIG_TEMPLATE", "DEFAULT_INJECT_TEMPLATE",
     "write_default_config", "DEFAULT_HOST", "DEFAULT_PORT", "UpstreamError", "UpstreamResponse", "make_http_pool",
@@ -112,7 +119,7 @@ __all__ = [
     # 11-16. dialects, retrieval, proxy core, server, command line
     "Endpoint", "ENDPOINTS", "KnowledgeBases", "Retriever", "RetrievalFailed", "Retrieved", "split_model_kbs",
     "App", "Request", "Response", "StreamResponse", "Exchange", "ClientError", "make_server",
-    "ConfigWatcher", "version_text", "main",
+    "ConfigFile", "ConfigWatcher", "version_text", "main",
 ]
 
 log = logging.getLogger("ragproxy")
@@ -171,7 +178,7 @@ FEATURES = {
 
 
 # === 2. YAML subset parser ===
-# Public names (for __all__): YAMLError, parse_yaml, load_yaml.
+# Public names (for __all__): YAMLError, parse_yaml, load_yaml, dump_yaml.
 #
 # config.yaml is read with PyYAML when it is installed and with parse_yaml()
 # otherwise; both paths return the same (data, positions) and refuse the same
@@ -860,6 +867,96 @@ class _YamlParser:
         return pos
 
 
+# -- writing ------------------------------------------------------------------
+# The admin API rewrites config.yaml from data; dump_yaml emits the subset the
+# parser above reads (block mappings and sequences, flow lists of scalars,
+# double-quoted strings), so what it writes loads back identically either way.
+
+_YAML_PLAIN_SAFE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*\Z")
+_YAML_QUOTE_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def dump_yaml(data, header=""):
+    """``data`` (dicts, lists, str, int, float, bool, None) as YAML text; ``header`` lines become comments."""
+    lines = ["# " + line if line else "#" for line in header.splitlines()]
+    if isinstance(data, dict) and data:
+        _yaml_emit_mapping(data, 0, lines)
+    else:
+        lines.append(_yaml_flow(data))
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_emit_mapping(mapping, indent, lines):
+    pad = " " * indent
+    for key, value in mapping.items():
+        head = pad + _yaml_scalar(str(key)) + ":"
+        if isinstance(value, dict) and value:
+            lines.append(head)
+            _yaml_emit_mapping(value, indent + 2, lines)
+        elif isinstance(value, list) and value and not _yaml_is_flat(value):
+            lines.append(head)
+            _yaml_emit_sequence(value, indent + 2, lines)
+        else:
+            lines.append(head + " " + _yaml_flow(value))
+
+
+def _yaml_emit_sequence(items, indent, lines):
+    pad = " " * indent
+    for item in items:
+        if isinstance(item, dict) and item:
+            nested = []
+            _yaml_emit_mapping(item, indent + 2, nested)
+            lines.append(pad + "- " + nested[0][indent + 2:])
+            lines.extend(nested[1:])
+        elif isinstance(item, list) and item and not _yaml_is_flat(item):
+            lines.append(pad + "-")
+            _yaml_emit_sequence(item, indent + 2, lines)
+        else:
+            lines.append(pad + "- " + _yaml_flow(item))
+
+
+def _yaml_is_flat(items):
+    return all(not isinstance(item, (dict, list)) for item in items)
+
+
+def _yaml_flow(value):
+    if isinstance(value, dict):
+        return "{" + ", ".join(_yaml_scalar(str(k)) + ": " + _yaml_flow(v) for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml_flow(v) for v in value) + "]"
+    return _yaml_scalar(value)
+
+
+def _yaml_scalar(value):
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value:
+            return ".nan"
+        if value in (float("inf"), float("-inf")):
+            return ".inf" if value > 0 else "-.inf"
+        text = repr(value)
+        return text if "." in text or "e" not in text else text.replace("e", ".0e", 1)
+    text = str(value)
+    if _YAML_PLAIN_SAFE.match(text) and text not in _YAML_BOOLS and text not in _YAML_NULLS \
+            and not _YAML_INT.fullmatch(text) and not _YAML_FLOAT.fullmatch(text) and text not in ("y", "n"):
+        return text
+    out = []
+    for char in text:
+        if char in _YAML_QUOTE_ESCAPES:
+            out.append(_YAML_QUOTE_ESCAPES[char])
+        elif _YAML_BAD_CHARACTER.match(char):
+            code = ord(char)
+            out.append("\\x%02x" % code if code < 0x100 else "\\u%04x" % code if code < 0x10000 else "\\U%08x" % code)
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
 # === 3. Configuration ===
 # config.yaml is validated against a declarative schema: every key path is
 # known, so a typo is an error with its line number instead of a silently
@@ -936,6 +1033,19 @@ vectorstore:
 
 security:
   log_query: false
+
+# The web panel at http://HOST:PORT/ logs in with the key in
+# config/secret_key.yaml (or RAGPROXY_SECRET_KEY).
+admin:
+  token_ttl: 43200         # seconds a panel login lasts
+
+# Caps on panel uploads, checked while the upload arrives and while archives
+# (zip, tar, tar.gz) are unpacked.
+uploads:
+  max_file_bytes: 104857600      # 100 MiB per file
+  max_files: 500
+  max_total_bytes: 2147483648    # 2 GiB per upload
+  max_ratio: 200                 # unpacked/packed size: refuses zip bombs
 """
 
 
@@ -1056,6 +1166,16 @@ _SCHEMA = {
     },
     "security": {
         "log_query": _Field("bool", False),
+    },
+    "admin": {
+        "token_ttl": _Field("number", 43200.0, minimum=60),
+        "max_login_failures": _Field("int", 5, minimum=1),
+    },
+    "uploads": {
+        "max_file_bytes": _Field("int", 100 * 1024 * 1024, minimum=1),
+        "max_files": _Field("int", 500, minimum=1),
+        "max_total_bytes": _Field("int", 2 * 1024 ** 3, minimum=1),
+        "max_ratio": _Field("number", 200.0, minimum=1),
     },
 }
 
@@ -1402,6 +1522,81 @@ def _atomic_write(path, data, mode=0o644):
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+class ConfigFile:
+    """config.yaml on disk: loading, validated writes with a backup, change detection.
+
+    Writes (the admin API's) are serialized and validated before they touch
+    the file; the previous file is kept as ``<path>.bak``.  ``${VAR}``
+    references are edited as written, never replaced by their values.
+    """
+
+    HEADER = ("ragproxy configuration, last written by the admin API.\n"
+              "The previous version of this file is kept beside it as config.yaml.bak.")
+
+    def __init__(self, path, environ=None, overrides=None):
+        self.path = path
+        self.environ = os.environ if environ is None else environ
+        self.overrides = overrides or {}
+        self.lock = threading.RLock()
+        self._stamp = self._file_stamp()
+
+    def _file_stamp(self):
+        try:
+            st = os.stat(self.path)
+            return (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            return None
+
+    def changed(self):
+        """True once per change of the file made by someone else."""
+        stamp = self._file_stamp()
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        return True
+
+    def load(self):
+        self._stamp = self._file_stamp()
+        return Config.load(self.path, environ=self.environ, overrides=self.overrides)
+
+    def read_text(self):
+        with open(self.path, encoding="utf-8") as f:
+            return f.read()
+
+    def validate(self, text):
+        return Config.from_text(text, source=os.path.basename(self.path), environ=self.environ,
+                                overrides=self.overrides)
+
+    def write(self, text):
+        """Validate ``text``, back up the current file, replace it; the new Config."""
+        with self.lock:
+            config = self.validate(text)
+            with contextlib.suppress(FileNotFoundError):
+                with open(self.path, "rb") as f:
+                    _atomic_write(self.path + ".bak", f.read(), mode=0o600)
+            _atomic_write(self.path, text.encode("utf-8"), mode=0o600)
+            self._stamp = self._file_stamp()
+            config.path = self.path
+            return config
+
+    def update(self, change):
+        """Apply ``change(data)`` to the file's data as written and save it; the new Config.
+
+        ``change`` may raise to abort; nothing is written then.  Comments in the
+        file do not survive (the .bak keeps them).
+        """
+        with self.lock:
+            try:
+                data, _ = load_yaml(self.read_text())
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError([("", None, f"cannot read: {exc}")], self.path) from None
+            except YAMLError as exc:
+                raise ConfigError([("", exc.line, exc.msg)], self.path) from None
+            data = data if isinstance(data, dict) else {}
+            change(data)
+            return self.write(dump_yaml(data, header=self.HEADER))
 
 
 # === 4. Upstream HTTP client ===
@@ -6832,6 +7027,10 @@ _SETTINGS_FILE = "settings.json"
 _COMPACT_KINDS = {"int8": "i8", "float16": "f16"}  # config name -> vector store name
 
 
+# The upload manifest in a KB's documents folder (section 18): not a document.
+_UPLOAD_MANIFEST = "manifest.json"
+
+
 def _valid_kb_name(name):
     return isinstance(name, str) and bool(_KB_NAME.match(name))
 
@@ -6867,6 +7066,7 @@ class Hit:
     chunk: dict
     score: float
     scores: dict = dataclasses.field(default_factory=dict)
+    ranks: dict = dataclasses.field(default_factory=dict)  # 1-based rank per retriever, and "fused"
 
     @property
     def id(self):
@@ -7058,6 +7258,8 @@ class KnowledgeBase:
                 for name in sorted(filenames):
                     rel = f"{rel_dir}/{name}" if rel_dir else name
                     if name == ".gitignore" or (spec.gitignore and rules.ignored(rel, False)):
+                        continue
+                    if rel == _UPLOAD_MANIFEST and root == self.documents_dir:
                         continue
                     if spec.include and not _glob_match(rel, spec.include):
                         continue
@@ -7297,8 +7499,15 @@ class KnowledgeBase:
                            ("dense", dense, self.spec.dense_weight)])
         ranked = ranked[:top_k]
         chunks = generation.chunks.get_many([row for row, _, _ in ranked])
-        return [Hit(self.spec.name, row, chunk, score, scores)
-                for (row, score, scores), chunk in zip(ranked, chunks)]
+        # Ranks let an operator see why a passage won (the admin retrieval test).
+        places = {name: {row: n for n, (row, _) in enumerate(found, 1)}
+                  for name, found in (("lexical", lexical), ("dense", dense)) if found}
+        hits = []
+        for fused, ((row, score, scores), chunk) in enumerate(zip(ranked, chunks), 1):
+            ranks = {name: rows[row] for name, rows in places.items() if row in rows}
+            ranks["fused"] = fused
+            hits.append(Hit(self.spec.name, row, chunk, score, scores, ranks))
+        return hits
 
     def stats(self):
         generation, _ = self.current()
@@ -7686,6 +7895,7 @@ class KnowledgeBases:
         self.on_report = on_report  # called with each IndexReport (metrics)
         self.kbs = {}
         self._signatures = {}
+        self._full_requested = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -7722,11 +7932,24 @@ class KnowledgeBases:
     def get(self, name):
         return self.kbs.get(name)
 
+    def request_index(self, name=None, full=False):
+        """Have the background indexer run soon: for one KB or all, incremental or full."""
+        with self._lock:
+            for kb_name in ([name] if name else list(self.kbs)):
+                if full:
+                    self._full_requested.add(kb_name)
+                kb = self.kbs.get(kb_name)
+                if kb is not None and kb.status["state"] == "idle":
+                    kb.status["state"] = "queued"
+        self._wake.set()
+
     def index_all(self, full=False):
         reports = []
+        with self._lock:
+            full_for, self._full_requested = self._full_requested, set()
         for kb in list(self.kbs.values()):
             try:
-                reports.append(kb.index(full=full))
+                reports.append(kb.index(full=full or kb.spec.name in full_for))
             except EmbeddingRateLimited as exc:
                 log.warning("kb %s: embedding provider rate-limited; indexing paused: %s", kb.spec.name, exc)
             except Exception as exc:
@@ -7919,7 +8142,7 @@ class Retriever:
                 unique.append(hit)
         if rerank:
             started = time.perf_counter()
-            unique = self._rerank(query, unique[:pool])
+            unique = self.rerank(query, unique[:pool])
             if stages is not None:
                 stages["rerank"] = time.perf_counter() - started
         return unique[:top_k]
@@ -7931,8 +8154,11 @@ class Retriever:
                 return RerankClient(provider, self.app.http)
         return None
 
-    def _rerank(self, query, hits):
+    def rerank(self, query, hits):
+        """``hits`` in the reranker's order with its scores; unchanged if reranking fails."""
         client = self._reranker()
+        if client is None:
+            return hits
         try:
             order = client.rerank(query, [h.chunk.get("text", "") for h in hits], len(hits))
         except RerankError as exc:
@@ -8754,6 +8980,7 @@ class Request:
     headers: dict = dataclasses.field(default_factory=dict)
     body: bytes = b""
     client: str = ""
+    stream: object = None  # uploads: a reader of the unread body instead of ``body``
 
 
 @dataclasses.dataclass
@@ -8829,6 +9056,7 @@ class App:
         self.metrics = Metrics()
         self.knowledge_bases = None
         self.request_log = None
+        self.admin = None  # an Admin serves the panel and /admin/api/ once attached
         if data_dir:
             self.knowledge_bases = KnowledgeBases(config, data_dir, self.http, clock, on_report=self._observe_index)
             self.request_log = RequestLog(os.path.join(data_dir, DEFAULT_REQUEST_LOG_PATH), clock=clock,
@@ -8926,8 +9154,13 @@ class App:
             return Response(200, [("Content-Type", "text/plain; charset=utf-8")])
         if path == "/health" and method in ("GET", "HEAD"):
             return _json_response(200, self._health())
+        if self.admin is not None and (path in ("/", "/panel") or path.startswith("/admin/")):
+            return self.admin.handle(request, path)
         if path == "/" and method == "GET":
             return _json_response(200, {"name": "ragproxy", "version": __version__})
+        if path.startswith("/admin/"):
+            raise ClientError(404, "the admin API is off: it needs a data directory and a panel secret key",
+                              "not_found")
         if path == "/metrics" and method == "GET":
             return Response(200, [("Content-Type", Metrics.CONTENT_TYPE)], self.metrics.render().encode("utf-8"))
         if not (path.startswith("/v1/") or path.startswith("/api/")):
@@ -9067,6 +9300,10 @@ class App:
             raise ClientError(404, f"{path} is an Ollama API path but the upstream is {provider.type}")
         url = _upstream_url(provider, path, request.query)
         return self._send(request, dialect, provider, request.method, url, request.body or None, [])
+
+    def wants_body_stream(self, method, path):
+        """True when the request body should be read by the handler, not buffered (uploads)."""
+        return self.admin is not None and self.admin.wants_body_stream(method, _normalize_path(path))
 
     def upstream_headers(self, request, provider):
         headers = {name: value for name, value in request.headers.items()
@@ -9418,7 +9655,1558 @@ def _sse_to_ndjson(upstream, reply):
         yield _json_bytes({"error": f"upstream failed mid-stream: {exc}"}) + b"\n"
 
 
-# === 18. HTTP server ===
+# === 18. Uploads ===
+# The admin panel uploads files, folders and archives into a knowledge base's
+# documents folder.  Everything lands first in a staging folder beside the
+# documents folder (same filesystem, so the final os.replace is a rename, and
+# outside every KB folder, so the indexer never sees half an upload); only an
+# upload that passed every check is moved in, and a rejected one leaves
+# nothing behind.  Stored files get random names (<uuid hex><ext>): original
+# names are untrusted paths and may collide, so manifest.json in the
+# documents folder maps stored names back to what the operator uploaded.
+#
+# Public names: Uploads, UploadError, UploadLimits, UploadedPart,
+#   ALLOWED_UPLOAD_EXTS, ARCHIVE_EXTS, parse_multipart, safe_relative_path,
+#   expand_archive, ingest_upload, read_manifest, remove_document,
+#   cleanup_staging
+#
+# Nothing is held in memory whole: multipart bodies and archive members move
+# in 64 KiB pieces and every cap is enforced as bytes arrive.  Archive caps
+# are checked twice, on the sizes an archive declares (so a zip bomb is
+# refused before a byte is written) and on the bytes actually produced (so a
+# lying header cannot get past them).  Compression-ratio checks start once
+# 1 MiB is unpacked: small repetitive files legitimately compress 500x.
+
+ALLOWED_UPLOAD_EXTS = frozenset(
+    _MARKDOWN_EXTS | _RST_EXTS | _HTML_EXTS | _TEXT_EXTS | set(_CODE_EXTS) | set(_CONFIG_EXTS)
+    | {".pdf", ".docx", ".jsonl", ".ndjson", ".ipynb"})
+ARCHIVE_EXTS = (".tar.gz", ".tgz", ".tar", ".zip")
+_PIECE = 64 * 1024
+_RATIO_FLOOR = 1024 * 1024
+_MAX_FIELD_BYTES = 64 * 1024
+_MAX_FIELDS = 100
+_MEMBERS_PER_FILE = 4       # archive entries allowed per stored file (folders, skipped files)
+_STAGING_PREFIX = ".staging-"
+_S_IFMT, _S_IFLNK, _S_IFREG, _S_IFDIR = 0o170000, 0o120000, 0o100000, 0o040000
+
+
+class UploadError(Exception):
+    """An upload refused as a whole; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclasses.dataclass
+class UploadLimits:
+    max_file_bytes: int = 100 * 1024 * 1024
+    max_files: int = 500
+    max_total_bytes: int = 2 * 1024 ** 3
+    max_ratio: float = 200
+    max_part_header_bytes: int = 16 * 1024
+
+
+@dataclasses.dataclass
+class UploadedPart:
+    """One multipart part: a staged file (``path``) or a form field (``value``)."""
+
+    field: str
+    filename: str
+    path: str
+    size: int
+    sha256: str
+    value: str = None
+
+
+def safe_relative_path(name):
+    """``name`` as a normalized relative POSIX path; UploadError(400) if it could escape."""
+    return _safe_rel(name, "file name")
+
+
+def _safe_rel(name, what):
+    if not isinstance(name, str) or not name.strip():
+        raise UploadError(400, f"{what} is empty")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise UploadError(400, f"{what} {name!r} contains control characters")
+    path = name.replace("\\", "/")
+    if path.startswith("/") or re.match(r"[A-Za-z]:", path):
+        raise UploadError(400, f"{what} {name!r} is an absolute path")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise UploadError(400, f"{what} {name!r} escapes the upload folder")
+    if not parts:
+        raise UploadError(400, f"{what} {name!r} names no file")
+    return "/".join(parts)
+
+
+def _member_path(name, is_dir):
+    """A member's safe relative path; "" for a folder entry that names the archive root ("./")."""
+    if is_dir and not name.replace("\\", "/").strip("./"):
+        return ""
+    return _safe_rel(name, "archive member")
+
+
+def _archive_kind(name):
+    lower = name.lower()
+    for ext in ARCHIVE_EXTS:
+        if lower.endswith(ext):
+            return ext
+    return None
+
+
+def _too_big(message):
+    return UploadError(413, message)
+
+
+class _Budget:
+    """Files and bytes that one upload will store, across all its parts and archives."""
+
+    def __init__(self, limits):
+        self.limits = limits
+        self.files = 0
+        self.bytes = 0
+
+    def add(self, name, size):
+        lim = self.limits
+        self.files += 1
+        if self.files > lim.max_files:
+            raise _too_big(f"the upload holds more than {lim.max_files} files (limit {lim.max_files})")
+        if size > lim.max_file_bytes:
+            raise _too_big(f"{name!r} is {_human_size(size)} (limit {_human_size(lim.max_file_bytes)} per file)")
+        self.bytes += size
+        if self.bytes > lim.max_total_bytes:
+            raise _too_big(f"the upload holds more than {_human_size(lim.max_total_bytes)} "
+                           f"(limit {_human_size(lim.max_total_bytes)} per upload)")
+
+
+class _StagedFile:
+    """A new randomly named file in the staging folder, hashed and size-capped as it is written."""
+
+    def __init__(self, staging_dir, name, cap, cap_error):
+        fd, self.path = tempfile.mkstemp(prefix="up-", dir=staging_dir)
+        self.file = os.fdopen(fd, "wb")
+        self.name, self.cap, self.cap_error = name, cap, cap_error
+        self.size = 0
+        self.hash = hashlib.sha256()
+
+    def write(self, data):
+        self.size += len(data)
+        if self.size > self.cap:
+            raise self.cap_error()
+        self.hash.update(data)
+        self.file.write(data)
+
+    def close(self):
+        self.file.close()
+
+
+# --- multipart/form-data ------------------------------------------------------
+# RFC 7578 over RFC 2046: a delimiter is CRLF "--" boundary, so the CRLF
+# before it belongs to the delimiter, not to the part's content.  Searching
+# for CRLF--boundary across a buffer that keeps the last len(delimiter) - 1
+# bytes finds delimiters split across reads; text that merely resembles one
+# is content.  Browsers escape '"', CR and LF in filenames as %22, %0D, %0A.
+
+_PARAM_RE = re.compile(r';\s*([^\s=;]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;]*)')
+
+
+def _header_params(value):
+    """('form-data', {param: value}) from a Content-Disposition or Content-Type value."""
+    head, _, rest = value.partition(";")
+    params = {}
+    for m in _PARAM_RE.finditer(";" + rest):
+        v = m.group(2).strip()
+        if v.startswith('"') and v.endswith('"') and len(v) >= 2:
+            v = re.sub(r'\\(["\\])', r"\1", v[1:-1])
+        params.setdefault(m.group(1).lower(), v)
+    return head.strip().lower(), params
+
+
+def _part_filename(params):
+    if "filename*" in params:
+        charset, _, rest = params["filename*"].partition("'")
+        _lang, _, encoded = rest.partition("'")
+        try:
+            return urllib.parse.unquote(encoded, encoding=charset or "utf-8", errors="strict")
+        except (LookupError, UnicodeDecodeError):
+            raise UploadError(400, f"cannot decode filename* {params['filename*']!r}") from None
+    name = params.get("filename")
+    if name is None:
+        return None
+    return re.sub(r"%(22|0D|0A)", lambda m: chr(int(m.group(1), 16)), name, flags=re.I)
+
+
+class _Multipart:
+    def __init__(self, stream, length, boundary, staging_dir, limits):
+        self.stream, self.left = stream, length
+        self.length = length
+        self.delim = b"\r\n--" + boundary
+        self.buf = bytearray(b"\r\n")   # lets a delimiter on the very first line match like any other
+        self.staging_dir, self.limits = staging_dir, limits
+        self.total = 0
+        self.staged = []
+
+    def _more(self):
+        if self.left <= 0:
+            raise UploadError(400, "multipart body ends before its closing boundary (truncated upload?)")
+        data = self.stream.read(min(_PIECE, self.left))
+        if not data:
+            raise UploadError(400, f"request body ended after {self.length - self.left} of "
+                                   f"{self.length} bytes (Content-Length)")
+        self.left -= len(data)
+        self.buf += data
+
+    def _find(self, needle, limit):
+        """Where ``needle`` starts in the buffer, reading on; -1 if not within ``limit`` bytes."""
+        start = 0
+        while True:
+            i = self.buf.find(needle, start)
+            if i >= 0:
+                return i if i <= limit else -1
+            if len(self.buf) > limit + len(needle):
+                return -1
+            start = max(0, len(self.buf) - len(needle) + 1)
+            self._more()
+
+    def _copy_until_delimiter(self, sink):
+        keep = len(self.delim) - 1
+        while True:
+            i = self.buf.find(self.delim)
+            if i >= 0:
+                sink(self.buf[:i])
+                del self.buf[:i + len(self.delim)]
+                return
+            if len(self.buf) > keep:
+                n = len(self.buf) - keep
+                sink(self.buf[:n])
+                del self.buf[:n]
+            self._more()
+
+    def parse(self):
+        self._copy_until_delimiter(lambda data: None)   # the preamble
+        parts, fields = [], 0
+        while True:
+            while len(self.buf) < 2:
+                self._more()
+            if self.buf[:2] == b"--":
+                break
+            eol = self._find(b"\r\n", limit=256)
+            if eol < 0 or self.buf[:eol].strip(b" \t"):
+                raise UploadError(400, "malformed multipart body: text after a boundary on its line")
+            del self.buf[:eol]   # keep the CRLF: an empty header block is then a plain CRLFCRLF
+            end = self._find(b"\r\n\r\n", limit=self.limits.max_part_header_bytes + 2)
+            if end < 0:
+                raise UploadError(400, f"a part's header block is over {self.limits.max_part_header_bytes} bytes")
+            headers = _parse_part_headers(bytes(self.buf[2:end]))
+            del self.buf[:end + 4]
+            part = self._part(headers, len(parts) - fields)
+            if part is None:
+                self._copy_until_delimiter(lambda data: None)
+                continue
+            if part.path is None:
+                fields += 1
+                if fields > _MAX_FIELDS:
+                    raise UploadError(400, f"more than {_MAX_FIELDS} form fields")
+            parts.append(part)
+        while self.left > 0:   # the epilogue: read so that the connection stays in step
+            self.buf.clear()
+            self._more()
+        return parts
+
+    def _part(self, headers, files_so_far):
+        if "content-disposition" not in headers:
+            raise UploadError(400, "a multipart part has no Content-Disposition header")
+        kind, params = _header_params(headers["content-disposition"])
+        if kind != "form-data" or "name" not in params:
+            raise UploadError(400, f"unexpected Content-Disposition {headers['content-disposition']!r}")
+        field, raw_name = params["name"], _part_filename(params)
+        if raw_name is None:
+            value = bytearray()
+
+            def add(data):
+                value.extend(data)
+                if len(value) > _MAX_FIELD_BYTES:
+                    raise _too_big(f"form field {field!r} is over {_MAX_FIELD_BYTES // 1024} KiB")
+            self._copy_until_delimiter(add)
+            return UploadedPart(field, None, None, len(value), "", value.decode("utf-8", "replace"))
+        if raw_name == "":
+            return None   # a file input left empty
+        name = safe_relative_path(raw_name)
+        lim = self.limits
+        if files_so_far + 1 > lim.max_files:
+            raise _too_big(f"the upload holds more than {lim.max_files} files (limit {lim.max_files})")
+        # An archive may be as large as a whole upload: its members are capped one by one later.
+        cap = lim.max_total_bytes if _archive_kind(name) else lim.max_file_bytes
+        out = _StagedFile(self.staging_dir, name, cap, lambda: _too_big(
+            f"{name!r} is over {_human_size(cap)} (limit {_human_size(cap)} per file)"))
+        self.staged.append(out.path)
+
+        def write(data):
+            self.total += len(data)
+            if self.total > lim.max_total_bytes:
+                raise _too_big(f"the upload is over {_human_size(lim.max_total_bytes)} "
+                               f"(limit {_human_size(lim.max_total_bytes)} per upload)")
+            out.write(data)
+        try:
+            self._copy_until_delimiter(write)
+        finally:
+            out.close()
+        return UploadedPart(field, name, out.path, out.size, out.hash.hexdigest())
+
+
+def _parse_part_headers(raw):
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("latin-1")
+    headers, last = {}, None
+    for line in text.split("\r\n") if text else ():
+        if line[:1] in (" ", "\t") and last:
+            headers[last] += " " + line.strip()
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name.strip():
+            raise UploadError(400, f"malformed multipart header line {line[:100]!r}")
+        last = name.strip().lower()
+        headers[last] = value.strip()
+    return headers
+
+
+def parse_multipart(stream, content_type, content_length, staging_dir, limits=None):
+    """Stream a multipart/form-data body into ``staging_dir``; a list of UploadedPart.
+
+    ``stream.read(n)`` must not be read past ``content_length``.  File parts
+    become new files in ``staging_dir``; on any error those are removed again.
+    """
+    limits = limits or UploadLimits()
+    kind, params = _header_params(content_type or "")
+    if kind != "multipart/form-data":
+        raise UploadError(400, f"expected a multipart/form-data upload, got {content_type or 'no Content-Type'!r}")
+    boundary = params.get("boundary", "")
+    if not 1 <= len(boundary) <= 70 or not boundary.isascii() or not boundary.isprintable():
+        raise UploadError(400, "multipart/form-data Content-Type lacks a valid boundary parameter")
+    if content_length is None or content_length == "":
+        raise UploadError(411, "uploads need a Content-Length header")
+    try:
+        length = int(content_length)
+    except (TypeError, ValueError):
+        length = -1
+    if length < 0:
+        raise UploadError(400, f"invalid Content-Length {content_length!r}")
+    # File bytes are capped at max_total_bytes; allow for part headers and small fields on top.
+    overhead = (limits.max_files + _MAX_FIELDS + 1) * (limits.max_part_header_bytes + 256) + _MAX_FIELDS * 1024
+    if length > limits.max_total_bytes + overhead:
+        raise _too_big(f"the upload is {_human_size(length)} (limit {_human_size(limits.max_total_bytes)} per upload)")
+    parser = _Multipart(stream, length, boundary.encode("ascii"), staging_dir, limits)
+    try:
+        return parser.parse()
+    except BaseException:
+        for path in parser.staged:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
+
+
+# --- archives -------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _archive_errors(display_name):
+    """Reading errors of an archive are the upload's fault (400), not the server's."""
+    try:
+        yield
+    except UploadError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, tarfile.TarError, EOFError, zlib.error,
+            NotImplementedError, OSError, ValueError, struct.error) as e:
+        raise UploadError(400, f"{display_name}: archive is truncated or corrupt: {e}") from None
+
+
+def _verify_magic(path, kind, display_name):
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if kind == ".zip":
+        ok = head[:4] in (b"PK\x03\x04", b"PK\x05\x06")
+    elif kind == ".tar":
+        ok = head[257:262] == b"ustar" or (len(head) == 512 and not any(head))
+    else:
+        ok = head[:2] == b"\x1f\x8b"
+    if not ok:
+        what = {".zip": "zip archive", ".tar": "tar archive"}.get(kind, "gzip-compressed tar archive")
+        raise UploadError(400, f"{display_name!r} is not a {what}")
+
+
+def _zip_declared_entries(path):
+    """The entry count of the end-of-central-directory record, read before zipfile
+    loads the whole central directory into memory; None if not found."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 65557))
+        tail = f.read()
+    i = tail.rfind(b"PK\x05\x06")
+    if i < 0 or len(tail) - i < 22:
+        return None
+    return struct.unpack("<H", tail[i + 10:i + 12])[0]
+
+
+def _skip_reason(member):
+    base = member.rsplit("/", 1)[-1]
+    if member.startswith("__MACOSX/") or base.startswith("._"):
+        return "macOS metadata"
+    if _archive_kind(member):
+        return "nested archive (not expanded)"
+    ext = _split_ext(member)[1]
+    if not ext:
+        return "no file extension"
+    if ext not in ALLOWED_UPLOAD_EXTS:
+        return f"file type {ext!r} is not accepted"
+    return None
+
+
+def _check_ratio(what, unpacked, packed, limits):
+    if unpacked > _RATIO_FLOOR and unpacked > limits.max_ratio * max(packed, 1):
+        ratio = unpacked / max(packed, 1)
+        raise UploadError(400, f"{what} expands {ratio:.0f}x (limit {limits.max_ratio:.0f}x): "
+                               "refusing a possible zip bomb")
+
+
+def expand_archive(path, display_name, staging_dir, limits=None, budget=None):
+    """Unpack a zip, tar or tar.gz into new files in ``staging_dir``.
+
+    Returns ``(parts, skipped)``: UploadedPart per accepted member, named
+    ``display_name/member``, and ``{"name", "reason"}`` per member left out.
+    Anything unsafe rejects the whole archive with UploadError; files already
+    written stay in ``staging_dir`` for the caller to remove with it.
+    """
+    limits = limits or UploadLimits()
+    budget = budget if budget is not None else _Budget(limits)
+    kind = _archive_kind(display_name)
+    if kind is None:
+        raise UploadError(400, f"{display_name!r} is not a .zip, .tar, .tar.gz or .tgz archive")
+    _verify_magic(path, kind, display_name)
+    with _archive_errors(display_name):
+        if kind == ".zip":
+            return _expand_zip(path, display_name, staging_dir, limits, budget)
+        return _expand_tar(path, display_name, staging_dir, limits, budget, kind != ".tar")
+
+
+def _member_error(display_name, member, problem):
+    return UploadError(400, f"{display_name}: archive member {member!r} {problem}")
+
+
+def _extract_member(src, display_name, member, declared, staging_dir):
+    """Copy one member out in pieces, refusing more bytes than its header declared."""
+    name = f"{display_name}/{member}"
+    out = _StagedFile(staging_dir, name, declared, lambda: _member_error(
+        display_name, member, f"holds more than the {declared} bytes its header declares (corrupt or hostile)"))
+    try:
+        while True:
+            piece = src.read(_PIECE)
+            if not piece:
+                break
+            out.write(piece)
+    finally:
+        out.close()
+    return UploadedPart("", name, out.path, out.size, out.hash.hexdigest())
+
+
+def _expand_zip(path, display_name, staging_dir, limits, budget):
+    max_members = _MEMBERS_PER_FILE * limits.max_files
+    declared = _zip_declared_entries(path)
+    if declared is not None and declared > max_members:
+        raise _too_big(f"{display_name} has {declared} members (limit {max_members})")
+    parts, skipped, todo = [], [], []
+    with zipfile.ZipFile(path) as zf:
+        infos = zf.infolist()
+        if len(infos) > max_members:
+            raise _too_big(f"{display_name} has {len(infos)} members (limit {max_members})")
+        unpacked = 0
+        for info in infos:   # every member is checked before anything is written
+            mode = info.external_attr >> 16
+            is_dir = info.is_dir() or (mode & _S_IFMT) == _S_IFDIR
+            member = _member_path(info.filename, is_dir)
+            if (mode & _S_IFMT) == _S_IFLNK:
+                raise _member_error(display_name, info.filename, "is a symbolic link; links are not accepted")
+            if is_dir:
+                continue
+            if (mode & _S_IFMT) not in (0, _S_IFREG):
+                raise _member_error(display_name, info.filename, "is not a regular file")
+            if info.flag_bits & 0x1:
+                raise UploadError(400, f"{display_name}: zip member {member!r} is encrypted; upload it unencrypted")
+            _check_ratio(f"{display_name}: zip member {member!r}", info.file_size, info.compress_size, limits)
+            unpacked += info.file_size
+            reason = _skip_reason(member)
+            if reason:
+                skipped.append({"name": f"{display_name}/{member}", "reason": reason})
+                continue
+            budget.add(f"{display_name}/{member}", info.file_size)
+            todo.append((info, member))
+        _check_ratio(f"{display_name} as a whole", unpacked, os.path.getsize(path), limits)
+        for info, member in todo:
+            with zf.open(info) as src:
+                parts.append(_extract_member(src, display_name, member, info.file_size, staging_dir))
+    return parts, skipped
+
+
+def _expand_tar(path, display_name, staging_dir, limits, budget, gzipped):
+    max_members = _MEMBERS_PER_FILE * limits.max_files
+    packed = os.path.getsize(path)
+    parts, skipped, count = [], [], 0
+    with open(path, "rb") as raw, (gzip.GzipFile(fileobj=raw) if gzipped else contextlib.nullcontext(raw)) as f:
+        # Stream mode: one pass, no seeking, members are never all held at once.
+        with tarfile.open(fileobj=f, mode="r|") as tf:
+            for ti in tf:
+                count += 1
+                if count > max_members:
+                    raise _too_big(f"{display_name} has more than {max_members} members (limit {max_members})")
+                member = _member_path(ti.name, ti.isdir())
+                if ti.issym():
+                    raise _member_error(display_name, ti.name, "is a symbolic link; links are not accepted")
+                if ti.islnk():
+                    raise _member_error(display_name, ti.name, "is a hard link; links are not accepted")
+                if ti.isdir():
+                    continue
+                if ti.type not in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE):
+                    what = {tarfile.CHRTYPE: "a character device", tarfile.BLKTYPE: "a block device",
+                            tarfile.FIFOTYPE: "a fifo", tarfile.GNUTYPE_SPARSE: "a sparse file"}
+                    raise _member_error(display_name, ti.name, f"is {what.get(ti.type, 'not a regular file')}; "
+                                                               "only regular files and folders are accepted")
+                if gzipped:
+                    _check_ratio(f"{display_name} as a whole", f.tell() + ti.size, packed, limits)
+                reason = _skip_reason(member)
+                if reason:
+                    skipped.append({"name": f"{display_name}/{member}", "reason": reason})
+                    continue
+                budget.add(f"{display_name}/{member}", ti.size)
+                parts.append(_extract_member(tf.extractfile(ti), display_name, member, ti.size, staging_dir))
+        # tarfile stops at the end-of-archive blocks; reading on makes gzip check its length and CRC.
+        while f.read(_PIECE):
+            if gzipped:
+                _check_ratio(f"{display_name} as a whole", f.tell(), packed, limits)
+    return parts, skipped
+
+
+# --- documents folder -----------------------------------------------------------
+
+def read_manifest(documents_dir):
+    """The manifest's ``files`` dict, stored name -> {name, size, sha256, uploaded_at}; {} if none."""
+    try:
+        with open(os.path.join(documents_dir, _UPLOAD_MANIFEST), "rb") as f:
+            files = json.loads(f.read().decode("utf-8")).get("files")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, AttributeError) as e:
+        log.warning("ignoring unreadable upload manifest in %s: %s", documents_dir, e)
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def _write_manifest(documents_dir, files):
+    data = json.dumps({"files": files}, ensure_ascii=False, indent=1, sort_keys=True)
+    _atomic_write(os.path.join(documents_dir, _UPLOAD_MANIFEST), data.encode("utf-8"))
+
+
+def _missing_dirs(path):
+    """``path`` and those of its ancestors that do not exist yet, deepest first."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+class Uploads:
+    """Stores uploads into documents folders; one per process, so that its locks
+    serialize the manifest updates of each folder."""
+
+    def __init__(self, limits=None, clock=time.time, new_id=None):
+        self.limits = limits or UploadLimits()
+        self.clock = clock
+        self.new_id = new_id or (lambda: uuid.uuid4().hex)
+        self._locks = {}
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, documents_dir):
+        key = os.path.normcase(os.path.realpath(documents_dir))
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def ingest(self, stream, content_type, content_length, documents_dir):
+        """Store one multipart upload in ``documents_dir``, all or nothing.
+
+        Returns ``{"stored": [{name, stored_as, size, sha256}], "skipped": [{name, reason}]}``.
+        """
+        documents_dir = os.path.abspath(documents_dir)
+        created = _missing_dirs(documents_dir)
+        os.makedirs(os.path.dirname(documents_dir), exist_ok=True)
+        staging = os.path.join(os.path.dirname(documents_dir), _STAGING_PREFIX + uuid.uuid4().hex[:16])
+        os.mkdir(staging, 0o700)
+        moved = []
+        try:
+            parts = parse_multipart(stream, content_type, content_length, staging, self.limits)
+            files, skipped = self._expand(parts, staging)
+            with self._lock(documents_dir):
+                os.makedirs(documents_dir, exist_ok=True)
+                manifest = read_manifest(documents_dir)
+                stored = []
+                for part in files:
+                    stored_as = self.new_id() + _split_ext(part.filename)[1]
+                    target = os.path.join(documents_dir, stored_as)
+                    if stored_as in manifest or os.path.lexists(target) or "/" in stored_as:
+                        raise RuntimeError(f"upload id {stored_as!r} is taken or invalid")
+                    os.chmod(part.path, 0o644)   # mkstemp made it private to this process's user
+                    os.replace(part.path, target)
+                    moved.append(target)
+                    manifest[stored_as] = {"name": part.filename, "size": part.size, "sha256": part.sha256,
+                                           "uploaded_at": self.clock()}
+                    stored.append({"name": part.filename, "stored_as": stored_as, "size": part.size,
+                                   "sha256": part.sha256})
+                _write_manifest(documents_dir, manifest)
+            return {"stored": stored, "skipped": skipped}
+        except BaseException:
+            with self._lock(documents_dir):
+                for path in moved:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                for path in created:   # only folders this upload made, and only if still empty
+                    with contextlib.suppress(OSError):
+                        os.rmdir(path)
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _expand(self, parts, staging):
+        budget = _Budget(self.limits)
+        files, skipped = [], []
+        for part in parts:
+            if part.path is None:
+                continue
+            if _archive_kind(part.filename):
+                members, left_out = expand_archive(part.path, part.filename, staging, self.limits, budget)
+                os.unlink(part.path)   # halves the staging space a large archive needs
+                files += members
+                skipped += left_out
+                continue
+            ext = _split_ext(part.filename)[1]
+            if ext not in ALLOWED_UPLOAD_EXTS:
+                kind = f"file type {ext!r} is" if ext else "files without an extension are"
+                raise UploadError(400, f"{part.filename!r}: {kind} not accepted (upload documents such as "
+                                       ".md, .txt, .pdf, .docx or source code, or .zip/.tar/.tar.gz archives)")
+            budget.add(part.filename, part.size)
+            files.append(part)
+        if not files:
+            raise UploadError(400, "the upload holds no accepted documents" if skipped
+                              else "the upload holds no files")
+        return files, skipped
+
+    def remove(self, documents_dir, stored_as):
+        """Delete one stored document and its manifest entry; returns the entry."""
+        if not isinstance(stored_as, str) or stored_as in ("", ".", "..", _UPLOAD_MANIFEST) \
+                or "/" in stored_as or "\\" in stored_as or "\0" in stored_as:
+            raise UploadError(400, f"{stored_as!r} is not a stored document name")
+        with self._lock(documents_dir):
+            manifest = read_manifest(documents_dir)
+            entry = manifest.pop(stored_as, None)
+            if entry is None:
+                raise UploadError(400, f"{stored_as!r} is not in the upload manifest")
+            _write_manifest(documents_dir, manifest)   # first: a crash then leaves a stray file, not a dangling entry
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(documents_dir, stored_as))
+        return entry
+
+
+def ingest_upload(stream, content_type, content_length, documents_dir, limits=None, clock=time.time, new_id=None):
+    """Uploads(...).ingest() for a single caller; concurrent uploads into one
+    folder must share an Uploads so that its lock orders their manifest updates."""
+    return Uploads(limits, clock, new_id).ingest(stream, content_type, content_length, documents_dir)
+
+
+def remove_document(documents_dir, stored_as):
+    """Uploads().remove(); see ingest_upload about sharing one Uploads."""
+    return Uploads().remove(documents_dir, stored_as)
+
+
+def cleanup_staging(documents_root, older_than_s=3600, clock=time.time):
+    """Remove staging folders that crashed uploads left in ``documents_root``; returns their names.
+
+    A folder counts as abandoned when neither it nor any file in it (staging
+    is flat) has changed for ``older_than_s``, so a slow live upload survives.
+    """
+    removed = []
+    try:
+        names = os.listdir(documents_root)
+    except FileNotFoundError:
+        return removed
+    cutoff = clock() - older_than_s
+    for name in names:
+        path = os.path.join(documents_root, name)
+        if not name.startswith(_STAGING_PREFIX) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        try:
+            newest = max([os.stat(path).st_mtime] + [e.stat().st_mtime for e in os.scandir(path)])
+        except OSError:
+            continue
+        if newest < cutoff:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+# === 19. Admin API ===
+# JSON endpoints under /admin/api/ and the web panel at /.  Sessions are
+# HS256 JWTs signed with the panel secret key; every change goes through
+# ConfigFile (validated, atomic, previous file kept), so a restart comes back
+# to the same state.  The route table below is also the OpenAPI document.
+
+_TOKEN_HEAD = {"alg": "HS256", "typ": "JWT"}
+_TOKEN_AUDIENCE = "ragproxy-admin"
+_PROVIDER_KINDS = ("llm", "embedding", "rerank")
+_PROVIDER_NAME = _KB_NAME
+_PANEL_HEADERS = [
+    ("Content-Type", "text/html; charset=utf-8"),
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+    ("X-Frame-Options", "DENY"),
+    # Everything the panel needs is inline or same-origin; nothing else may load.
+    ("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                                "img-src data:; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; "
+                                "base-uri 'none'"),
+]
+
+
+def _b64url(data):
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _b64url_decode(text):
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def issue_token(secret, claims):
+    """A compact JWS (JWT, HS256) over ``claims``."""
+    signing_input = _b64url(_json_bytes(_TOKEN_HEAD)) + "." + _b64url(_json_bytes(claims))
+    signature = hmac.new(secret.encode("utf-8"), signing_input.encode("ascii"), hashlib.sha256).digest()
+    return signing_input + "." + _b64url(signature)
+
+
+def verify_token(secret, token, now, audience=_TOKEN_AUDIENCE):
+    """The claims of a genuine, unexpired token for ``audience``; None for anything else.
+
+    The header must say HS256 exactly: a token that names another algorithm
+    ("none" included) is refused, not verified some other way.
+    """
+    parts = token.split(".")
+    if len(parts) != 3 or not all(parts):
+        return None
+    signing_input = (parts[0] + "." + parts[1]).encode("ascii", "replace")
+    expected = hmac.new(secret.encode("utf-8"), signing_input, hashlib.sha256).digest()
+    try:
+        signature = _b64url_decode(parts[2])
+        header = json.loads(_b64url_decode(parts[0]))
+        claims = json.loads(_b64url_decode(parts[1]))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not hmac.compare_digest(signature, expected) or header != _TOKEN_HEAD or not isinstance(claims, dict):
+        return None
+    expires = claims.get("exp")
+    if not isinstance(expires, (int, float)) or isinstance(expires, bool) or now >= expires:
+        return None
+    if claims.get("aud") != audience:
+        return None
+    return claims
+
+
+class _LoginThrottle:
+    """Slows down key guessing per client address.
+
+    The first ``free`` failures within ``window`` seconds cost nothing; each
+    further one doubles the wait before the next attempt (up to ``max_wait``).
+    """
+
+    def __init__(self, clock, free=5, window=900.0, max_wait=300.0, max_clients=10_000):
+        self.clock, self.free, self.window, self.max_wait = clock, free, window, max_wait
+        self.max_clients = max_clients
+        self._lock = threading.Lock()
+        self._clients = collections.OrderedDict()  # client -> [failures, last failure, blocked until]
+
+    def wait(self, client):
+        """Seconds ``client`` must wait before its next attempt (0: go ahead)."""
+        with self._lock:
+            state = self._clients.get(client)
+            return max(0.0, state[2] - self.clock()) if state else 0.0
+
+    def failed(self, client):
+        now = self.clock()
+        with self._lock:
+            state = self._clients.pop(client, None)
+            if state is None or now - state[1] > self.window:
+                state = [0, now, 0.0]
+            state[0] += 1
+            state[1] = now
+            if state[0] >= self.free:
+                state[2] = now + min(self.max_wait, 2.0 ** (state[0] - self.free))
+            self._clients[client] = state
+            while len(self._clients) > self.max_clients:  # a flood of addresses must not eat memory
+                self._clients.popitem(last=False)
+
+    def succeeded(self, client):
+        with self._lock:
+            self._clients.pop(client, None)
+
+
+def _mask_secret(value):
+    """What the panel shows of a stored key: enough to recognise it, not to use it."""
+    if not value:
+        return ""
+    if "${" in value:
+        return value  # an environment reference, not the secret itself
+    if len(value) <= 8:
+        return "\u2022" * 8
+    return value[:3] + "\u2022" * 4 + value[-4:]
+
+
+def _json_object(request):
+    if not request.body:
+        return {}
+    try:
+        payload = json.loads(request.body.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ClientError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise ClientError(400, "request body must be a JSON object")
+    return payload
+
+
+def _query_params(request):
+    try:
+        return dict(urllib.parse.parse_qsl(request.query, keep_blank_values=True, strict_parsing=False))
+    except ValueError as exc:
+        raise ClientError(400, f"bad query string: {exc}") from None
+
+
+def _int_param(params, name, default, low, high):
+    text = params.get(name)
+    if text in (None, ""):
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ClientError(400, f"'{name}' must be an integer") from None
+    return min(high, max(low, value))
+
+
+def _float_param(params, name):
+    text = params.get(name)
+    if text in (None, ""):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ClientError(400, f"'{name}' must be a number") from None
+    if not math.isfinite(value):
+        raise ClientError(400, f"'{name}' must be a finite number")
+    return value
+
+
+def _config_error_response(exc, with_lines=True):
+    errors = [{"path": path or None, "line": line if with_lines else None, "message": message}
+              for path, line, message in exc.errors]
+    first = errors[0] if errors else {"path": None, "line": None, "message": str(exc)}
+    where = (f"line {first['line']}: " if first["line"] else "") + (f"{first['path']}: " if first["path"] else "")
+    summary = where + first["message"] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+    return _json_response(400, {"error": {"message": "invalid configuration: " + summary,
+                                          "type": "invalid_request_error", "code": "invalid_config",
+                                          "errors": errors}})
+
+
+@dataclasses.dataclass(frozen=True)
+class _AdminRoute:
+    method: str
+    pattern: str          # "kbs/{kb}/files": segments after /admin/api/
+    handler: str          # Admin method name
+    summary: str
+    public: bool = False  # reachable without a session token
+
+
+_ADMIN_ROUTES = (
+    _AdminRoute("POST", "login", "login", "Exchange the panel secret key for a session token", public=True),
+    _AdminRoute("GET", "session", "session", "The current session token's expiry"),
+    _AdminRoute("GET", "openapi.json", "openapi", "This document"),
+    _AdminRoute("GET", "overview", "overview", "Version, features, models and knowledge bases"),
+    _AdminRoute("GET", "providers", "list_providers", "Every provider, keys masked"),
+    _AdminRoute("POST", "providers/{kind}", "create_provider", "Add a provider (kind: llm, embedding, rerank)"),
+    _AdminRoute("PUT", "providers/{kind}/{name}", "update_provider", "Change a provider's settings"),
+    _AdminRoute("DELETE", "providers/{kind}/{name}", "delete_provider", "Remove a provider"),
+    _AdminRoute("POST", "providers/{kind}/{name}/test", "test_provider",
+                "Call the provider once; latency and the error text"),
+    _AdminRoute("GET", "models", "list_models", "The model mappings, in order"),
+    _AdminRoute("POST", "models", "create_model", "Add a model mapping"),
+    _AdminRoute("PUT", "models/{name}", "update_model", "Change a model mapping"),
+    _AdminRoute("DELETE", "models/{name}", "delete_model", "Remove a model mapping"),
+    _AdminRoute("GET", "kbs", "list_kbs", "Knowledge bases with counts, size and indexing state"),
+    _AdminRoute("POST", "kbs", "create_kb", "Create a knowledge base"),
+    _AdminRoute("GET", "kbs/{kb}", "get_kb", "One knowledge base"),
+    _AdminRoute("PUT", "kbs/{kb}", "update_kb", "Change a knowledge base's settings"),
+    _AdminRoute("DELETE", "kbs/{kb}", "delete_kb", "Delete a knowledge base, its index and its uploads"),
+    _AdminRoute("POST", "kbs/{kb}/reindex", "reindex_kb", "Re-index now (incremental, or full)"),
+    _AdminRoute("GET", "kbs/{kb}/files", "list_files", "Indexed and uploaded files"),
+    _AdminRoute("DELETE", "kbs/{kb}/files", "delete_file", "Delete an uploaded file (?source=)"),
+    _AdminRoute("GET", "kbs/{kb}/chunks", "list_chunks", "Chunks of one file (?source=&offset=&limit=)"),
+    _AdminRoute("POST", "kbs/{kb}/upload", "upload", "Upload files, folders and archives (multipart/form-data)"),
+    _AdminRoute("POST", "kbs/{kb}/search", "search_kb",
+                "Retrieval test: per chunk the lexical, dense, fused and rerank scores"),
+    _AdminRoute("GET", "logs", "list_logs", "The request log, newest first, filtered"),
+    _AdminRoute("GET", "logs/{id}", "get_log", "One logged request and the chunks it injected"),
+    _AdminRoute("GET", "stats", "stats", "Volume, hit rate, latency, hourly trend, per model and per KB"),
+    _AdminRoute("GET", "settings", "get_settings", "config.yaml as text"),
+    _AdminRoute("PUT", "settings", "put_settings", "Replace config.yaml (validated first; previous file kept)"),
+    _AdminRoute("POST", "settings/validate", "validate_settings", "Validate config.yaml text without saving"),
+)
+
+
+def _match_admin_route(method, rest):
+    """``(route, params)`` for ``rest`` (the path after /admin/api/); ClientError 404/405 otherwise."""
+    segments = rest.split("/")
+    allowed = []
+    for route in _ADMIN_ROUTES:
+        pattern = route.pattern.split("/")
+        if len(pattern) != len(segments):
+            continue
+        params = {}
+        for want, got in zip(pattern, segments):
+            if want.startswith("{"):
+                params[want[1:-1]] = urllib.parse.unquote(got, errors="strict") if got else None
+                if params[want[1:-1]] is None:
+                    break
+            elif want != got:
+                break
+        else:
+            if route.method == method:
+                return route, params
+            allowed.append(route.method)
+    if allowed:
+        raise ClientError(405, f"{method} is not allowed here (use {', '.join(sorted(set(allowed)))})",
+                          "method_not_allowed", headers=[("Allow", ", ".join(sorted(set(allowed))))])
+    raise ClientError(404, f"no such admin endpoint: {method} /admin/api/{rest}", "not_found")
+
+
+def _panel_html():
+    """static/panel.html from beside this file, or from inside the .pyz; None if absent."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "static", "panel.html")
+    with contextlib.suppress(OSError):
+        with open(path, "rb") as f:
+            return f.read()
+    import zipfile
+    with contextlib.suppress(OSError, KeyError, zipfile.BadZipFile):
+        with zipfile.ZipFile(here) as archive:
+            return archive.read("static/panel.html")
+    return None
+
+
+class Admin:
+    """The admin API and the panel; attached to an App with ``app.admin = Admin(...)``."""
+
+    def __init__(self, app, secret_key, config_file, clock=None, rng=None):
+        if not secret_key:
+            raise ValueError("the admin API needs a secret key")
+        self.app = app
+        self.secret_key = secret_key
+        self.config_file = config_file
+        self.clock = clock or app.clock
+        self.rng = rng or app.rng
+        self.throttle = _LoginThrottle(self.clock, free=app.config.raw["admin"]["max_login_failures"])
+        self.uploads = Uploads(clock=self.clock)  # one per process: its locks order manifest updates
+
+    # -- entry point --------------------------------------------------------
+
+    def handle(self, request, path):
+        if path in ("/", "/panel") and request.method in ("GET", "HEAD"):
+            html = _panel_html()
+            if html is None:
+                raise ClientError(404, "the web panel (static/panel.html) is not installed beside ragproxy.py")
+            return Response(200, list(_PANEL_HEADERS), b"" if request.method == "HEAD" else html)
+        if not path.startswith("/admin/api/"):
+            raise ClientError(404, f"no such endpoint: {request.method} {path}", "not_found")
+        try:
+            route, params = _match_admin_route(request.method, path[len("/admin/api/"):])
+        except UnicodeDecodeError:
+            raise ClientError(400, "the path is not valid UTF-8 once decoded") from None
+        if not route.public:
+            self._check_token(request)
+        try:
+            return getattr(self, route.handler)(request, **params)
+        except ConfigError as exc:
+            return _config_error_response(exc, with_lines=route.handler.endswith("_settings"))
+
+    def _check_token(self, request):
+        auth = request.headers.get("authorization", "")
+        if auth[:7].lower() != "bearer " or not auth[7:].strip():
+            raise ClientError(401, "admin endpoints need 'Authorization: Bearer <token>' from POST /admin/api/login",
+                              "invalid_token", headers=[("WWW-Authenticate", 'Bearer realm="ragproxy-admin"')])
+        claims = verify_token(self.secret_key, auth[7:].strip(), self.clock())
+        if claims is None:
+            raise ClientError(401, "the session token is invalid or has expired; log in again", "invalid_token",
+                              headers=[("WWW-Authenticate", 'Bearer realm="ragproxy-admin", error="invalid_token"')])
+        return claims
+
+    def wants_body_stream(self, method, path):
+        """True for uploads: their bodies go to disk as they arrive instead of into memory."""
+        return method == "POST" and path.startswith("/admin/api/kbs/") and path.endswith("/upload")
+
+    # -- session ------------------------------------------------------------
+
+    def login(self, request):
+        client = request.client or "?"
+        wait = self.throttle.wait(client)
+        if wait > 0:
+            raise ClientError(429, f"too many failed logins; try again in {math.ceil(wait)} s", "rate_limited",
+                              headers=[("Retry-After", str(math.ceil(wait)))])
+        key = _json_object(request).get("key")
+        if not isinstance(key, str) or not hmac.compare_digest(key.encode("utf-8"),
+                                                               self.secret_key.encode("utf-8")):
+            self.throttle.failed(client)
+            log.warning("admin login failed from %s", client)
+            raise ClientError(401, "wrong panel key (it is in DATA_DIR/config/secret_key.yaml, or "
+                                   "RAGPROXY_SECRET_KEY)", "invalid_key")
+        self.throttle.succeeded(client)
+        now = self.clock()
+        ttl = float(self.app.config.raw["admin"]["token_ttl"])
+        expires = int(now + ttl)
+        token = issue_token(self.secret_key, {"sub": "admin", "aud": _TOKEN_AUDIENCE, "iat": int(now),
+                                              "exp": expires, "jti": "%032x" % self.rng.getrandbits(128)})
+        return _json_response(200, {"token": token, "token_type": "Bearer", "expires_at": expires,
+                                    "expires_in": int(ttl)})
+
+    def session(self, request):
+        claims = self._check_token(request)
+        return _json_response(200, {"subject": claims.get("sub"), "expires_at": claims.get("exp")})
+
+    def overview(self, request):
+        config = self.app.config
+        return _json_response(200, {
+            "version": __version__, "features": FEATURES, "uptime_s": round(self.clock() - self.app.started, 3),
+            "models": [route.name for route in config.models], "kbs": sorted(config.knowledge_bases),
+            "config_path": self.config_file.path, "request_log": self.app.request_log is not None})
+
+    def openapi(self, request):
+        return _json_response(200, _openapi_document())
+
+    # -- config changes -----------------------------------------------------
+
+    def _change(self, change):
+        """Apply ``change(data)`` to config.yaml and switch the running proxy to the result."""
+        config = self.config_file.update(change)
+        self.app.reload(config)
+        return config
+
+    # -- providers ----------------------------------------------------------
+
+    @staticmethod
+    def _provider_view(kind, name, spec):
+        view = {"name": name, **_copy_default(spec)}
+        view["has_api_key"] = bool(spec.get("api_key"))
+        view["api_key"] = _mask_secret(spec.get("api_key", ""))
+        return view
+
+    def list_providers(self, request):
+        raw = self.app.config.raw["providers"]
+        return _json_response(200, {kind: [self._provider_view(kind, name, spec) for name, spec in raw[kind].items()]
+                                    for kind in _PROVIDER_KINDS})
+
+    @staticmethod
+    def _kind(kind):
+        if kind not in _PROVIDER_KINDS:
+            raise ClientError(404, f"no provider kind {kind!r} (use llm, embedding or rerank)", "not_found")
+        return kind
+
+    def _existing_provider(self, kind, name):
+        providers = self.app.config.raw["providers"][self._kind(kind)]
+        if name not in providers:
+            raise ClientError(404, f"no {kind} provider {name!r}", "not_found")
+        return providers[name]
+
+    def create_provider(self, request, kind):
+        kind = self._kind(kind)
+        body = _json_object(request)
+        name = body.pop("name", None)
+        if not isinstance(name, str) or not _PROVIDER_NAME.match(name):
+            raise ClientError(400, "'name' is required: letters, digits, '_', '-' and '.' (64 at most)")
+        if name in self.app.config.raw["providers"][kind]:
+            raise ClientError(409, f"a {kind} provider named {name!r} exists already", "conflict")
+
+        def change(data):
+            providers = _config_map(data, "providers", kind)
+            if name in providers:
+                raise ClientError(409, f"a {kind} provider named {name!r} exists already", "conflict")
+            providers[name] = body
+
+        config = self._change(change)
+        return _json_response(201, self._provider_view(kind, name, config.raw["providers"][kind][name]))
+
+    def update_provider(self, request, kind, name):
+        stored = self._existing_provider(kind, name)
+        body = _json_object(request)
+        body.pop("name", None)
+        if body.get("api_key") in (None, _mask_secret(stored.get("api_key", ""))) and stored.get("api_key"):
+            body.pop("api_key", None)  # the panel sends back the masked key unchanged
+
+        def change(data):
+            providers = _config_map(data, "providers", kind)
+            if not isinstance(providers.get(name), dict):
+                raise ClientError(404, f"no {kind} provider {name!r} in the config file", "not_found")
+            providers[name].update(body)
+
+        config = self._change(change)
+        return _json_response(200, self._provider_view(kind, name, config.raw["providers"][kind][name]))
+
+    def delete_provider(self, request, kind, name):
+        self._existing_provider(kind, name)
+
+        def change(data):
+            _config_map(data, "providers", kind).pop(name, None)
+
+        self._change(change)
+        return _json_response(200, {"deleted": name})
+
+    def test_provider(self, request, kind, name):
+        self._existing_provider(kind, name)
+        provider = self.app.config.providers[kind][name]
+        started = time.perf_counter()
+        status, error, detail = None, None, ""
+        try:
+            status, detail = self._probe_provider(kind, provider)
+        except (UpstreamError, EmbeddingError, RerankError) as exc:
+            error = str(exc)
+            status = getattr(exc, "status", None)
+        latency = (time.perf_counter() - started) * 1000.0
+        ok = error is None and status is not None and status < 400
+        if error is None and not ok:
+            error = f"HTTP {status}: {detail}"
+        return _json_response(200, {"ok": ok, "latency_ms": round(latency, 2), "status": status,
+                                    "error": error, "detail": detail})
+
+    def _probe_provider(self, kind, provider):
+        """One cheap real call: ``(status, what it said)``."""
+        if kind == "embedding":
+            client = EmbeddingClient(provider, self.app.http, batch_size=1, max_concurrency=1)
+            vectors = client.embed_query("ragproxy connection test")
+            return 200, f"{len(vectors)}-dimensional embeddings from {provider.model or 'the default model'}"
+        if kind == "rerank":
+            order = RerankClient(provider, self.app.http).rerank("connection test", ["connection", "test"], 2)
+            return 200, f"reranked {len(order)} documents"
+        if provider.type == "ollama":
+            url, key = provider.base_url + "/api/tags", "models"
+        else:
+            url, key = _upstream_url(provider, "/v1/models", ""), "data"
+        resp = self.app.http.request("GET", url, self.app.upstream_headers(Request("GET", "/"), provider), None,
+                                     min(provider.connect_timeout, 5.0), min(provider.read_timeout, 10.0))
+        body = resp.read_all(4 * 1024 * 1024)
+        if resp.status >= 400:
+            return resp.status, body[:500].decode("utf-8", "replace")
+        try:
+            models = json.loads(body).get(key) or []
+        except (ValueError, AttributeError):
+            return resp.status, "answered, but not with a model list"
+        names = [str(m.get("id") or m.get("name")) for m in models if isinstance(m, dict)]
+        return resp.status, f"{len(names)} models" + (": " + ", ".join(names[:10]) if names else "")
+
+    # -- model mappings -----------------------------------------------------
+
+    def list_models(self, request):
+        return _json_response(200, {"models": _copy_default(self.app.config.raw["models"])})
+
+    def _model_index(self, models, name):
+        for i, entry in enumerate(models):
+            if isinstance(entry, dict) and entry.get("name") == name:
+                return i
+        raise ClientError(404, f"no model mapping named {name!r}", "not_found")
+
+    def _model_view(self, config, name):
+        return next(m for m in config.raw["models"] if m["name"] == name)
+
+    def create_model(self, request):
+        body = _json_object(request)
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise ClientError(400, "'name' is required (a model name or a glob such as 'claude-*')")
+        if any(m["name"] == name for m in self.app.config.raw["models"]):
+            raise ClientError(409, f"a model mapping named {name!r} exists already", "conflict")
+
+        def change(data):
+            models = _config_list(data, "models")
+            # A new mapping goes before the catch-all, where a reader expects it.
+            at = next((i for i, m in enumerate(models) if isinstance(m, dict) and m.get("name") == "*"),
+                      len(models))
+            models.insert(at, body)
+
+        return _json_response(201, self._model_view(self._change(change), name))
+
+    def update_model(self, request, name):
+        body = _json_object(request)
+        self._model_index(self.app.config.raw["models"], name)
+        new_name = body.get("name", name)
+
+        def change(data):
+            models = _config_list(data, "models")
+            models[self._model_index(models, name)].update(body)
+
+        return _json_response(200, self._model_view(self._change(change), new_name))
+
+    def delete_model(self, request, name):
+        self._model_index(self.app.config.raw["models"], name)
+
+        def change(data):
+            models = _config_list(data, "models")
+            del models[self._model_index(models, name)]
+
+        self._change(change)
+        return _json_response(200, {"deleted": name})
+
+    # -- knowledge bases ----------------------------------------------------
+
+    def _kb(self, name):
+        if not _valid_kb_name(name):
+            raise ClientError(400, f"invalid knowledge base name {name!r}: letters, digits, '_', '-' and '.' "
+                                   "(64 at most, starting with a letter or digit)", "invalid_name")
+        kbs = self.app.knowledge_bases
+        kb = kbs.get(name) if kbs is not None else None
+        if kb is None:
+            raise ClientError(404, f"no knowledge base {name!r}", "not_found")
+        return kb
+
+    def _kb_view(self, kb):
+        stats = kb.stats()
+        stats.pop("last_report", None)
+        return {**stats, "config": _copy_default(self.app.config.knowledge_bases.get(kb.spec.name, {})),
+                "documents_dir": kb.documents_dir, "last_report": kb.status.get("last_report")}
+
+    def list_kbs(self, request):
+        kbs = self.app.knowledge_bases
+        items = [self._kb_view(kb) for _, kb in sorted(kbs.kbs.items())] if kbs is not None else []
+        return _json_response(200, {"kbs": items})
+
+    def get_kb(self, request, kb):
+        return _json_response(200, self._kb_view(self._kb(kb)))
+
+    def create_kb(self, request):
+        body = _json_object(request)
+        name = body.pop("name", None)
+        if not _valid_kb_name(name):
+            raise ClientError(400, "'name' is required: letters, digits, '_', '-' and '.' (64 at most, "
+                                   "starting with a letter or digit)", "invalid_name")
+        if name in self.app.config.knowledge_bases:
+            raise ClientError(409, f"a knowledge base named {name!r} exists already", "conflict")
+
+        def change(data):
+            kbs = _config_map(data, "knowledge_bases")
+            if name in kbs:
+                raise ClientError(409, f"a knowledge base named {name!r} exists already", "conflict")
+            kbs[name] = body
+
+        self._change(change)
+        kb = self._kb(name)
+        os.makedirs(kb.documents_dir, exist_ok=True)
+        self.app.knowledge_bases.request_index(name)
+        return _json_response(201, self._kb_view(kb))
+
+    def update_kb(self, request, kb):
+        name = self._kb(kb).spec.name
+        body = _json_object(request)
+        body.pop("name", None)
+
+        def change(data):
+            entry = _config_map(data, "knowledge_bases").get(name)
+            if not isinstance(entry, dict):
+                raise ClientError(404, f"knowledge base {name!r} is not in the config file", "not_found")
+            for key, value in body.items():
+                if isinstance(value, dict) and isinstance(entry.get(key), dict):
+                    entry[key].update(value)  # chunking, bm25, weights: change only what was sent
+                else:
+                    entry[key] = value
+
+        self._change(change)
+        self.app.knowledge_bases.request_index(name)
+        return _json_response(200, self._kb_view(self._kb(name)))
+
+    def delete_kb(self, request, kb):
+        old = self._kb(kb)
+        name = old.spec.name
+
+        def change(data):
+            _config_map(data, "knowledge_bases").pop(name, None)
+
+        self._change(change)
+        # Move aside first (one rename each), then delete: a reader or the
+        # indexer that still holds the old KB never sees a half-deleted tree.
+        for path in (old.root, old.documents_dir):
+            if os.path.isdir(path):
+                trash = os.path.join(os.path.dirname(path), f".deleted-{name}-{self.rng.getrandbits(32):08x}")
+                os.replace(path, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+        return _json_response(200, {"deleted": name})
+
+    def reindex_kb(self, request, kb):
+        name = self._kb(kb).spec.name
+        full = _json_object(request).get("full", False)
+        if not isinstance(full, bool):
+            raise ClientError(400, "'full' must be true or false")
+        self.app.knowledge_bases.request_index(name, full=full)
+        return _json_response(202, {"queued": True, "full": full})
+
+    def list_files(self, request, kb):
+        kb = self._kb(kb)
+        generation, _ = kb.current()
+        uploaded = read_manifest(kb.documents_dir)
+        prefix = kb.spec.name + "/"
+        files, seen = [], set()
+        for source, entry in sorted((generation.manifest if generation else {}).items()):
+            stored = source[len(prefix):] if source.startswith(prefix) else None
+            upload = uploaded.get(stored) if stored else None
+            seen.add(stored)
+            files.append({"source": source, "path": source, "name": upload["name"] if upload else source,
+                          "size": entry.get("size"), "chunks": len(entry.get("chunk_ids", ())),
+                          "sha256": entry.get("hash"), "uploaded": upload is not None,
+                          "uploaded_at": upload.get("uploaded_at") if upload else None})
+        for stored, upload in sorted(uploaded.items()):
+            if stored not in seen:  # uploaded, not indexed yet
+                files.append({"source": prefix + stored, "path": prefix + stored, "name": upload["name"],
+                              "size": upload.get("size"), "chunks": None, "sha256": upload.get("sha256"),
+                              "uploaded": True, "uploaded_at": upload.get("uploaded_at")})
+        return _json_response(200, {"files": files})
+
+    def list_chunks(self, request, kb):
+        kb = self._kb(kb)
+        params = _query_params(request)
+        source = params.get("source", "")
+        generation, _ = kb.current()
+        entry = generation.manifest.get(source) if generation is not None else None
+        if entry is None:
+            raise ClientError(404, f"no indexed file {source!r} in {kb.spec.name!r}", "not_found")
+        offset = _int_param(params, "offset", 0, 0, 10**9)
+        limit = _int_param(params, "limit", 50, 1, 500)
+        ids = entry.get("chunk_ids", [])
+        if "row" in entry:
+            rows = list(range(entry["row"], entry["row"] + len(ids)))[offset:offset + limit]
+        else:
+            rows = generation.rows_for_ids(ids[offset:offset + limit])
+        chunks = [{"id": c.get("id"), "row": row, "ordinal": offset + i, "title": c.get("title") or None,
+                   "text": c.get("text", "")}
+                  for i, (row, c) in enumerate(zip(rows, generation.chunks.get_many(rows)))]
+        return _json_response(200, {"source": source, "total": len(ids), "offset": offset, "chunks": chunks})
+
+    def delete_file(self, request, kb):
+        kb = self._kb(kb)
+        source = _query_params(request).get("source", "")
+        prefix = kb.spec.name + "/"
+        stored = source[len(prefix):] if source.startswith(prefix) else ""
+        if not stored or stored not in read_manifest(kb.documents_dir):
+            raise ClientError(400, f"{source!r} is not an uploaded document of {kb.spec.name!r}; files from "
+                                   "configured sources are removed at their source", "not_uploaded")
+        self.uploads.remove(kb.documents_dir, stored)
+        self.app.knowledge_bases.request_index(kb.spec.name)
+        return _json_response(200, {"deleted": source})
+
+    def upload(self, request, kb):
+        kb = self._kb(kb)
+        if request.stream is None:
+            raise ClientError(400, "uploads need a request body (multipart/form-data)")
+        caps = self.app.config.raw["uploads"]
+        self.uploads.limits = UploadLimits(max_file_bytes=caps["max_file_bytes"], max_files=caps["max_files"],
+                                           max_total_bytes=caps["max_total_bytes"], max_ratio=caps["max_ratio"])
+        length = request.headers.get("content-length", "")
+        try:
+            result = self.uploads.ingest(request.stream, request.headers.get("content-type", ""),
+                                         int(length) if length.isdigit() else None, kb.documents_dir)
+        except UploadError as exc:
+            raise ClientError(exc.status, exc.message, "upload_rejected") from None
+        self.app.knowledge_bases.request_index(kb.spec.name)
+        log.info("kb %s: %d file(s) uploaded from %s, %d skipped", kb.spec.name, len(result["stored"]),
+                 request.client, len(result["skipped"]))
+        return _json_response(201, result)
+
+    def search_kb(self, request, kb):
+        kb = self._kb(kb)
+        body = _json_object(request)
+        query = body.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise ClientError(400, "'query' is required")
+        top_k = body.get("top_k", 10)
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= 100:
+            raise ClientError(400, "'top_k' must be an integer from 1 to 100")
+        mode = body.get("mode") or kb.spec.retrieval
+        if mode not in ("lexical", "dense", "hybrid"):
+            raise ClientError(400, "'mode' must be lexical, dense or hybrid")
+        timings = {}
+        started = time.perf_counter()
+        try:
+            hits = kb.search(query, top_k=top_k, mode=mode, timings=timings)
+        except EmbeddingError as exc:
+            raise ClientError(502, f"{mode} search needs the embedding provider, which failed: {exc}",
+                              "embedding_failed") from None
+        if body.get("rerank") and hits and self.app.retriever is not None:
+            rerank_started = time.perf_counter()
+            hits = self.app.retriever.rerank(query, hits)
+            timings["rerank"] = time.perf_counter() - rerank_started
+        timings["total"] = time.perf_counter() - started
+        out = []
+        for rank, hit in enumerate(hits, 1):
+            chunk = hit.chunk
+            out.append({"rank": rank, "id": hit.id, "source": chunk.get("source"), "title": chunk.get("title") or None,
+                        "text": chunk.get("text", ""), "score": hit.score,
+                        "lexical": hit.scores.get("lexical"), "lexical_rank": hit.ranks.get("lexical"),
+                        "dense": hit.scores.get("dense"), "dense_rank": hit.ranks.get("dense"),
+                        "rrf": hit.scores.get("rrf"), "fused_rank": hit.ranks.get("fused"),
+                        "rerank": hit.scores.get("rerank")})
+        return _json_response(200, {"query": query, "mode": mode, "terms": sorted(set(kb.analyzer.query_tokens(query))),
+                                    "timings_ms": {k: round(v * 1000.0, 3) for k, v in timings.items()},
+                                    "hits": out})
+
+    # -- request log --------------------------------------------------------
+
+    def _request_log(self):
+        if self.app.request_log is None:
+            raise ClientError(404, "the request log is off (no data directory)", "not_found")
+        return self.app.request_log
+
+    def list_logs(self, request):
+        params = _query_params(request)
+        limit = _int_param(params, "limit", 50, 1, 1000)
+        offset = _int_param(params, "offset", 0, 0, 10**9)
+        outcome = params.get("outcome") or None
+        entries = self._request_log().query(
+            since=_float_param(params, "since"), until=_float_param(params, "until"),
+            model=params.get("model") or None, kb=params.get("kb") or None,
+            outcome=outcome.split(",") if outcome else None, limit=limit, offset=offset)
+        return _json_response(200, {"entries": entries, "limit": limit, "offset": offset})
+
+    def get_log(self, request, id):
+        if not id.isdigit():
+            raise ClientError(400, "a log entry id is a number")
+        entry = self._request_log().get(int(id))
+        if entry is None:
+            raise ClientError(404, f"no log entry {id}", "not_found")
+        entry["chunks"] = self._injected_chunks(entry)
+        return _json_response(200, entry)
+
+    def _injected_chunks(self, entry):
+        """The logged chunk ids' text, from whichever of the request's KBs still has them."""
+        wanted = list(entry.get("chunk_ids") or [])
+        found = {}
+        kbs = self.app.knowledge_bases
+        for name in entry.get("kbs") or []:
+            kb = kbs.get(name) if kbs is not None else None
+            generation = kb.current()[0] if kb is not None else None
+            missing = [cid for cid in wanted if cid not in found]
+            if generation is None or not missing:
+                continue
+            rows = generation.rows_for_ids(missing)
+            for chunk in generation.chunks.get_many(rows):
+                found[chunk.get("id")] = {"id": chunk.get("id"), "kb": name, "source": chunk.get("source"),
+                                          "text": chunk.get("text", "")}
+        return [found.get(cid, {"id": cid, "kb": None, "source": None, "text": None}) for cid in wanted]
+
+    def stats(self, request):
+        hours = _int_param(_query_params(request), "hours", 24, 1, 24 * 90)
+        return _json_response(200, self._request_log().stats(hours=hours))
+
+    # -- settings -----------------------------------------------------------
+
+    def _settings_text(self, request):
+        text = _json_object(request).get("text")
+        if not isinstance(text, str):
+            raise ClientError(400, "'text' (the whole config.yaml) is required")
+        return text
+
+    def get_settings(self, request):
+        try:
+            text = self.config_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ClientError(500, f"cannot read {self.config_file.path}: {exc}") from None
+        return _json_response(200, {"text": text, "path": self.config_file.path})
+
+    def validate_settings(self, request):
+        self.config_file.validate(self._settings_text(request))
+        return _json_response(200, {"ok": True})
+
+    def put_settings(self, request):
+        config = self.config_file.write(self._settings_text(request))
+        self.app.reload(config)
+        log.info("config.yaml replaced through the admin API from %s", request.client)
+        return _json_response(200, {"ok": True, "backup": self.config_file.path + ".bak"})
+
+
+def _config_map(data, *keys):
+    """``data[k1][k2]...`` as a dict, created when missing; a non-mapping there is a config error."""
+    node = data
+    for key in keys:
+        if node.get(key) is None:
+            node[key] = {}
+        node = node[key]
+        if not isinstance(node, dict):
+            raise ConfigError([(".".join(keys), None, "expected a mapping in the config file")])
+    return node
+
+
+def _config_list(data, key):
+    if data.get(key) is None:
+        data[key] = []
+    if not isinstance(data[key], list):
+        raise ConfigError([(key, None, "expected a list in the config file")])
+    return data[key]
+
+
+def _openapi_document():
+    """OpenAPI 3.1 for the admin API, generated from the route table."""
+    paths = {}
+    error = {"description": "Error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    for route in _ADMIN_ROUTES:
+        path = "/admin/api/" + route.pattern
+        names = re.findall(r"\{(\w+)\}", route.pattern)
+        op = {"operationId": route.handler, "summary": route.summary,
+              "parameters": [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names],
+              "responses": {"200" if route.method in ("GET", "PUT", "DELETE") else
+                            {"create_provider": "201", "create_model": "201", "create_kb": "201",
+                             "upload": "201", "reindex_kb": "202"}.get(route.handler, "200"):
+                            {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}},
+                            "400": error, "404": error}}
+        if not route.public:
+            op["responses"]["401"] = error
+        if route.handler == "login":
+            op["responses"]["429"] = error
+        if route.method in ("POST", "PUT"):
+            content_type = "multipart/form-data" if route.handler == "upload" else "application/json"
+            schema = ({"type": "object", "properties": {"files": {"type": "array", "items":
+                                                                  {"type": "string", "format": "binary"}}}}
+                      if route.handler == "upload" else {"type": "object"})
+            op["requestBody"] = {"required": route.handler not in ("reindex_kb",),
+                                 "content": {content_type: {"schema": schema}}}
+        if route.public:
+            op["security"] = []
+        paths.setdefault(path, {})[route.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "ragproxy admin API", "version": __version__},
+        "paths": paths,
+        "security": [{"session": []}],
+        "components": {
+            "securitySchemes": {"session": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
+            "schemas": {"Error": {"type": "object", "required": ["error"], "properties": {"error": {
+                "type": "object", "required": ["message", "type"],
+                "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                               "code": {"type": ["string", "null"]},
+                               "errors": {"type": "array", "items": {"type": "object"}}}}}}},
+        },
+    }
+
+
+# === 20. HTTP server ===
 
 # A thin adapter from http.server to App.handle(): parse the wire request,
 # enforce size limits, write the response in as few writes as possible (the
@@ -9553,10 +11341,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             header_bytes += len(name) + len(value) + 4
             key = name.lower()
             headers[key] = headers[key] + ", " + value if key in headers else value
+        stream = None
         try:
             if header_bytes > limits["max_header_bytes"]:
                 raise ClientError(431, f"request headers are larger than {limits['max_header_bytes']} bytes")
-            body = self._read_body(headers, limits["max_body_bytes"])
+            if app.wants_body_stream(self.command, path):
+                body, stream = b"", self._body_stream(headers)
+            else:
+                body = self._read_body(headers, limits["max_body_bytes"])
         except ClientError as exc:
             self.close_connection = True  # the unread body would be parsed as the next request
             self._write(_error_response(dialect, exc.status, exc.message, exc.code))
@@ -9565,12 +11357,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             self._write(_error_response(dialect, 408, "timed out reading the request body"))
             return
-        request = Request(self.command, path, query, headers, body, self.client_address[0])
+        request = Request(self.command, path, query, headers, body, self.client_address[0], stream)
         try:
             response = app.handle(request)
+        except (socket.timeout, TimeoutError):
+            self.close_connection = True
+            response = _error_response(dialect, 408, "timed out reading the request body")
         except Exception:
             log.exception("internal error handling %s %s", self.command, path)
             response = _error_response(dialect, 500, "internal error in ragproxy (details are in its log)")
+        if stream is not None and stream.remaining:
+            self.close_connection = True  # refused before the body was read: the rest is not a request
         if isinstance(response, StreamResponse):
             self._write_stream(response)
         else:
@@ -9594,6 +11391,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if len(body) < length:
             raise ClientError(400, "request body ended early")
         return body
+
+    def _body_stream(self, headers):
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            raise ClientError(411, "uploads need a Content-Length (chunked uploads are not supported)",
+                              "length_required")
+        length = headers.get("content-length", "0")
+        if not length.strip().isdigit():
+            raise ClientError(400, f"invalid Content-Length: {length!r}")
+        return _BodyReader(self.rfile, int(length))
 
     def _read_chunked(self, limit):
         parts, size = [], 0
@@ -9663,6 +11469,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             with contextlib.suppress(Exception):
                 response.chunks.close()
         self.log_request(response.status, "-")
+
+
+class _BodyReader:
+    """The unread request body: ``read(n)`` stops at Content-Length."""
+
+    def __init__(self, rfile, length):
+        self.rfile, self.remaining = rfile, length
+
+    def read(self, n=-1):
+        if self.remaining <= 0:
+            return b""
+        n = self.remaining if n is None or n < 0 else min(n, self.remaining)
+        data = self.rfile.read(n)
+        self.remaining -= len(data)
+        if not data:
+            self.remaining = 0
+        return data
 
 
 class _HangupWatcher:
@@ -9768,7 +11591,7 @@ def make_server(app, host="127.0.0.1", port=0):
     return _Server((host, port), app)
 
 
-# === 19. Command line ===
+# === 21. Command line ===
 # ``python ragproxy.py [serve] ...``: the data directory, logging, the config
 # file watcher and the server loop.
 
@@ -9830,28 +11653,17 @@ class ConfigWatcher:
     An invalid new file leaves the running config in place; the reason is logged.
     """
 
-    def __init__(self, app, path, overrides, environ, clock=time.monotonic):
-        self.app, self.path, self.overrides, self.environ = app, path, overrides, environ
-        self._stamp = self._file_stamp()
+    def __init__(self, app, config_file):
+        self.app, self.config_file = app, config_file
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self.clock = clock
-
-    def _file_stamp(self):
-        try:
-            st = os.stat(self.path)
-            return (st.st_mtime_ns, st.st_size, st.st_ino)
-        except OSError:
-            return None
 
     def check(self, force=False):
         """Reload if the file changed (or ``force``); returns True when a new config is active."""
-        stamp = self._file_stamp()
-        if not force and stamp == self._stamp:
+        if not self.config_file.changed() and not force:
             return False
-        self._stamp = stamp
         try:
-            config = Config.load(self.path, environ=self.environ, overrides=self.overrides)
+            config = self.config_file.load()
         except ConfigError as exc:
             log.error("config reload failed; still running the previous config:\n%s", exc)
             return False
@@ -9859,7 +11671,7 @@ class ConfigWatcher:
         if (config.server["host"], config.server["port"]) != (old.server["host"], old.server["port"]):
             log.warning("server.host/port changed in the config; restart ragproxy to listen there")
         self.app.reload(config)
-        log.info("config reloaded from %s (%s)", self.path, _describe_models(config))
+        log.info("config reloaded from %s (%s)", self.config_file.path, _describe_models(config))
         return True
 
     def request_reload(self, *_signal_args):
@@ -10078,7 +11890,8 @@ def _serve(data_dir, config_path, overrides, config, environ):
     except (ConfigError, YAMLError) as exc:
         raise _CLIError(str(exc)) from None
     app = App(config, data_dir=data_dir)
-    app.secret_key = secret_key
+    config_file = ConfigFile(config_path, environ=environ, overrides=overrides)
+    app.admin = Admin(app, secret_key, config_file)
     try:
         server = make_server(app, config.server["host"], config.server["port"])
     except OSError as exc:
@@ -10086,12 +11899,13 @@ def _serve(data_dir, config_path, overrides, config, environ):
     if secret_created:
         log.info("admin panel key (shown once; also in %s): %s",
                  os.path.join(data_dir, "config", "secret_key.yaml"), secret_key)
-    watcher = ConfigWatcher(app, config_path, overrides, environ)
+    watcher = ConfigWatcher(app, config_file)
     threading.Thread(target=watcher.run, name="config-watcher", daemon=True).start()
     app.knowledge_bases.start()
     host, port = server.server_address[:2]
     shown_host = f"[{host}]" if ":" in host else host
-    log.info("ragproxy %s listening on http://%s:%d (%s)", __version__, shown_host, port, _describe_models(config))
+    log.info("ragproxy %s listening on http://%s:%d (%s); web panel at http://%s:%d/", __version__, shown_host,
+             port, _describe_models(config), shown_host, port)
     stopping = threading.Event()
 
     def stop(*_):

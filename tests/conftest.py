@@ -104,3 +104,89 @@ def openai_client(proxy):
 def anthropic_client(proxy):
     import anthropic
     return anthropic.Anthropic(base_url=proxy.url, api_key=API_KEY, max_retries=0, timeout=10)
+
+
+ADMIN_KEY = "panel-secret-key-0001"
+
+
+class AdminClient:
+    """A minimal JSON client for /admin/api/ (http.client: the wire as a browser sends it)."""
+
+    def __init__(self, url, token=None):
+        self.host, self.port = url.split("//", 1)[1].split(":")
+        self.token = token
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        import http.client
+        import json
+        conn = http.client.HTTPConnection(self.host, int(self.port), timeout=30)
+        hdrs = dict(headers or {})
+        if self.token and "Authorization" not in hdrs:
+            hdrs["Authorization"] = "Bearer " + self.token
+        data = raw
+        if body is not None:
+            data = json.dumps(body).encode()
+            hdrs.setdefault("Content-Type", "application/json")
+        try:
+            conn.request(method, path, body=data, headers=hdrs)
+            resp = conn.getresponse()
+            payload = resp.read()
+        finally:
+            conn.close()
+        ctype = resp.getheader("Content-Type", "")
+        parsed = json.loads(payload) if ctype.startswith("application/json") and payload else payload
+        return resp.status, resp, parsed
+
+    def login(self, key=ADMIN_KEY):
+        status, _, body = self.request("POST", "/admin/api/login", {"key": key})
+        assert status == 200, body
+        self.token = body["token"]
+        return self
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def post(self, path, body=None, **kw):
+        return self.request("POST", path, body, **kw)
+
+    def put(self, path, body=None, **kw):
+        return self.request("PUT", path, body, **kw)
+
+    def delete(self, path, **kw):
+        return self.request("DELETE", path, **kw)
+
+
+@pytest.fixture
+def make_admin_proxy(fake, tmp_path):
+    """make_admin_proxy(config_text=None, **proxy_config_kwargs) -> RunningProxy with the admin API.
+
+    Like ``ragproxy serve``: the config lives in DATA_DIR/config/config.yaml,
+    the panel key is ADMIN_KEY and the background indexer runs.  Extra
+    attributes: data_dir (pathlib), config_path, admin_key, admin() -> a
+    logged-in AdminClient.
+    """
+    running = []
+
+    def start(config_text=None, **kwargs):
+        data_dir = tmp_path / f"data{len(running)}"
+        (data_dir / "config").mkdir(parents=True)
+        config_path = data_dir / "config" / "config.yaml"
+        config_path.write_text(config_text or proxy_config(fake.url, **kwargs))
+        config_file = ragproxy.ConfigFile(str(config_path), environ={})
+        app = ragproxy.App(config_file.load(), data_dir=str(data_dir))
+        app.admin = ragproxy.Admin(app, ADMIN_KEY, config_file)
+        app.knowledge_bases.start()
+        proxy = RunningProxy(app, ragproxy.make_server(app, "127.0.0.1", 0))
+        proxy.data_dir, proxy.config_path, proxy.admin_key = data_dir, config_path, ADMIN_KEY
+        proxy.admin = lambda: AdminClient(proxy.url).login()
+        running.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in running:
+        proxy.close()
+
+
+@pytest.fixture
+def admin_proxy(make_admin_proxy):
+    return make_admin_proxy()

@@ -80,6 +80,8 @@ def test_source_mtimes_and_caches_do_not_change_the_bytes(pyz, tmp_path):
     shutil.copy(os.path.join(ROOT, "ragproxy.py"), str(root / "ragproxy.py"))
     shutil.copytree(os.path.join(ROOT, "vendored"), str(root / "vendored"),
                     ignore=shutil.ignore_patterns("__pycache__"))
+    if os.path.isdir(os.path.join(ROOT, "static")):
+        shutil.copytree(os.path.join(ROOT, "static"), str(root / "static"))
     cache = root / "vendored" / "yaml" / "__pycache__"
     cache.mkdir()
     (cache / "reader.cpython-311.pyc").write_bytes(b"cache")

@@ -96,6 +96,18 @@ def test_smoke_first_start_proxy_reload_stop(tmp_path, fake, pyz, form, pure):
             assert (data / sub).is_dir()
         health = _get(proc.url + "/health")
         assert health["features"]["pure"] is pure
+        # The panel is served from beside the script or from inside the .pyz,
+        # and the key printed once in the log logs in to the admin API.
+        with urllib.request.urlopen(proc.url + "/", timeout=5) as resp:
+            assert resp.headers["Content-Type"].startswith("text/html") and b"/admin/api" in resp.read()
+        panel_key = re.search(r"admin panel key \(shown once; also in \S+\): (\S+)", "".join(proc.log)).group(1)
+        assert panel_key in secret.read_text()
+        login = urllib.request.Request(proc.url + "/admin/api/login", method="POST",
+                                       data=json.dumps({"key": panel_key}).encode(),
+                                       headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(login, timeout=5) as resp:
+            token = json.loads(resp.read())["token"]
+        assert _get(proc.url + "/admin/api/overview", token)["kbs"] == ["docs"]
         # Point the catch-all at the fake upstream and reload with SIGHUP.
         config = data / "config" / "config.yaml"
         config.write_text(config.read_text().replace("http://127.0.0.1:11434", fake.url)

@@ -113,7 +113,7 @@ def test_watcher_reloads_and_keeps_old_config_on_error(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(MINIMAL)
     app = ragproxy.App(ragproxy.Config.load(str(path), environ={}))
-    watcher = ragproxy.ConfigWatcher(app, str(path), {}, {})
+    watcher = ragproxy.ConfigWatcher(app, ragproxy.ConfigFile(str(path), environ={}))
     assert watcher.check() is False  # unchanged
     path.write_text(MINIMAL + "rag: {top_k: 9}\n")
     os.utime(path, ns=(1, 10**9))  # a new mtime even on coarse filesystems

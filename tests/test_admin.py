@@ -1,0 +1,398 @@
+"""Admin API: sessions, config CRUD written to config.yaml, knowledge bases, logs, settings.
+
+Most tests drive the real server over sockets with AdminClient (as the panel
+does); token expiry uses an injected clock through the transport-neutral
+Admin.handle().
+"""
+import base64
+import json
+import os
+import re
+import time
+
+import openai
+import pytest
+
+import ragproxy
+from conftest import ADMIN_KEY, API_KEY, AdminClient, proxy_config
+
+GUIDE = """# Runbook
+
+## Pager rotation
+
+The on-call engineer rotates the pager every Tuesday at noon; the escalation
+contact is the duty manager.
+
+## Backups
+
+Nightly backups land in the cold bucket and are verified weekly.
+"""
+
+
+def _wait(predicate, timeout=20.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def _wait_indexed(admin, kb, files):
+    def done():
+        status, _, body = admin.get(f"/admin/api/kbs/{kb}")
+        assert status == 200, body
+        return body if body["files"] == files and body["state"] == "idle" else None
+    return _wait(done)
+
+
+# -- sessions ---------------------------------------------------------------
+
+def test_every_admin_endpoint_needs_a_token(admin_proxy):
+    client = AdminClient(admin_proxy.url)
+    for route in ragproxy._ADMIN_ROUTES:
+        if route.public:
+            continue
+        path = "/admin/api/" + route.pattern.format(kind="llm", name="x", kb="docs", id="1")
+        for headers in ({}, {"Authorization": "Bearer " + API_KEY}, {"Authorization": "Bearer a.b.c"},
+                        {"x-api-key": API_KEY}):
+            status, resp, body = client.request(route.method, path, headers=headers,
+                                                body={} if route.method in ("POST", "PUT") else None)
+            assert status == 401, (route, headers, body)
+            assert body["error"]["code"] == "invalid_token" and resp.getheader("WWW-Authenticate")
+
+
+def test_login_gives_a_jwt_that_the_proxy_endpoints_refuse(admin_proxy):
+    admin = admin_proxy.admin()
+    header, payload, _ = admin.token.split(".")
+    pad = lambda s: s + "=" * (-len(s) % 4)  # noqa: E731
+    assert json.loads(base64.urlsafe_b64decode(pad(header))) == {"alg": "HS256", "typ": "JWT"}
+    claims = json.loads(base64.urlsafe_b64decode(pad(payload)))
+    assert claims["sub"] == "admin" and claims["exp"] - claims["iat"] == 43200
+    status, _, body = admin.get("/admin/api/session")
+    assert status == 200 and body["expires_at"] == claims["exp"]
+    # The admin token is not an API key: the proxy endpoints refuse it.
+    client = openai.OpenAI(base_url=admin_proxy.url + "/v1", api_key=admin.token, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_wrong_key_then_throttled_with_retry_after(admin_proxy):
+    client = AdminClient(admin_proxy.url)
+    for _ in range(4):
+        status, _, body = client.post("/admin/api/login", {"key": "wrong"})
+        assert status == 401 and body["error"]["code"] == "invalid_key"
+    status, _, body = client.post("/admin/api/login", {"key": "wrong"})  # the fifth failure starts the wait
+    assert status == 401
+    status, resp, body = client.post("/admin/api/login", {"key": ADMIN_KEY})  # even the right key waits
+    assert status == 429 and body["error"]["code"] == "rate_limited"
+    assert int(resp.getheader("Retry-After")) >= 1
+    for bad in (b"{", b"[]", b'{"key": 5}', "\u00e9".encode("latin-1")):
+        status, _, body = client.request("POST", "/admin/api/login", raw=bad,
+                                         headers={"Content-Type": "application/json"})
+        assert status in (400, 401, 429) and "error" in body
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 1_800_000_000.0
+
+    def __call__(self):
+        return self.now
+
+
+def _in_process_admin(tmp_path, fake_url):
+    path = tmp_path / "config.yaml"
+    path.write_text(proxy_config(fake_url))
+    clock = _Clock()
+    config_file = ragproxy.ConfigFile(str(path), environ={})
+    app = ragproxy.App(config_file.load(), data_dir=str(tmp_path), clock=clock)
+    admin = ragproxy.Admin(app, ADMIN_KEY, config_file)
+    return app, admin, clock
+
+
+def _call(app, method, path, body=None, token=None, client="10.0.0.1"):
+    headers = {"authorization": "Bearer " + token} if token else {}
+    raw = json.dumps(body).encode() if body is not None else b""
+    response = app.handle(ragproxy.Request(method, path, "", headers, raw, client))
+    return response.status, json.loads(response.body) if response.body else None
+
+
+def test_tokens_expire_and_forgeries_fail(tmp_path, fake):
+    app, admin, clock = _in_process_admin(tmp_path, fake.url)
+    app.admin = admin
+    try:
+        status, body = _call(app, "POST", "/admin/api/login", {"key": ADMIN_KEY})
+        token = body["token"]
+        assert _call(app, "GET", "/admin/api/session", token=token)[0] == 200
+        clock.now += 43199
+        assert _call(app, "GET", "/admin/api/session", token=token)[0] == 200
+        clock.now += 1
+        assert _call(app, "GET", "/admin/api/session", token=token)[0] == 401
+        clock.now -= 100
+        # Tampered claims, another key's signature and "alg": "none" are all refused.
+        head, payload, sig = token.split(".")
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        longer = ragproxy._b64url(json.dumps(dict(claims, exp=claims["exp"] + 10**6)).encode())
+        assert _call(app, "GET", "/admin/api/session", token=f"{head}.{longer}.{sig}")[0] == 401
+        other = ragproxy.issue_token("another-key", claims)
+        assert _call(app, "GET", "/admin/api/session", token=other)[0] == 401
+        none_head = ragproxy._b64url(b'{"alg":"none","typ":"JWT"}')
+        assert _call(app, "GET", "/admin/api/session", token=f"{none_head}.{payload}.")[0] == 401
+        assert _call(app, "GET", "/admin/api/session", token=f"{none_head}.{payload}.{sig}")[0] == 401
+    finally:
+        app.close()
+
+
+def test_throttle_is_per_client_and_forgets(tmp_path, fake):
+    app, admin, clock = _in_process_admin(tmp_path, fake.url)
+    app.admin = admin
+    try:
+        for _ in range(5):
+            assert _call(app, "POST", "/admin/api/login", {"key": "nope"}, client="10.0.0.9")[0] == 401
+        assert _call(app, "POST", "/admin/api/login", {"key": ADMIN_KEY}, client="10.0.0.9")[0] == 429
+        assert _call(app, "POST", "/admin/api/login", {"key": ADMIN_KEY}, client="10.0.0.8")[0] == 200
+        clock.now += 1.5
+        assert _call(app, "POST", "/admin/api/login", {"key": "nope"}, client="10.0.0.9")[0] == 401
+        assert _call(app, "POST", "/admin/api/login", {"key": ADMIN_KEY}, client="10.0.0.9")[0] == 429
+        clock.now += 2.5  # the sixth failure doubled the wait to 2 s
+        assert _call(app, "POST", "/admin/api/login", {"key": ADMIN_KEY}, client="10.0.0.9")[0] == 200
+    finally:
+        app.close()
+
+
+# -- providers and models -----------------------------------------------------
+
+def test_provider_crud_is_written_to_config_yaml(admin_proxy, fake):
+    admin = admin_proxy.admin()
+    status, _, body = admin.post("/admin/api/providers/llm",
+                                 {"name": "gw", "type": "openai", "base_url": fake.url + "/v1",
+                                  "api_key": "sk-gateway-secret-1234"})
+    assert status == 201, body
+    assert body["api_key"] != "sk-gateway-secret-1234" and body["api_key"].endswith("1234") and body["has_api_key"]
+    assert "gw" in admin_proxy.app.config.providers["llm"]
+    on_disk = ragproxy.Config.load(str(admin_proxy.config_path), environ={})
+    assert on_disk.providers["llm"]["gw"].api_key == "sk-gateway-secret-1234"
+    assert os.path.exists(str(admin_proxy.config_path) + ".bak")
+    # The masked key sent back unchanged keeps the stored key; other fields change.
+    status, _, body = admin.put("/admin/api/providers/llm/gw", {"api_key": body["api_key"], "read_timeout": 7})
+    assert status == 200 and body["read_timeout"] == 7
+    on_disk = ragproxy.Config.load(str(admin_proxy.config_path), environ={})
+    assert on_disk.providers["llm"]["gw"].api_key == "sk-gateway-secret-1234"
+    status, _, listing = admin.get("/admin/api/providers")
+    assert [p["name"] for p in listing["llm"]] == ["oa", "an", "ol", "gw"]
+    assert "sk-gateway-secret-1234" not in json.dumps(listing)
+    status, _, body = admin.post("/admin/api/providers/llm", {"name": "gw", "type": "openai", "base_url": "http://x"})
+    assert status == 409
+    status, _, body = admin.post("/admin/api/providers/llm", {"name": "bad", "type": "gpt", "base_url": "http://x"})
+    assert status == 400 and body["error"]["code"] == "invalid_config"
+    assert body["error"]["errors"][0]["path"] == "providers.llm.bad.type"
+    status, _, body = admin.delete("/admin/api/providers/llm/oa")  # models still use it
+    assert status == 400 and "oa" in body["error"]["message"]
+    assert "oa" in ragproxy.Config.load(str(admin_proxy.config_path), environ={}).providers["llm"]
+    status, _, body = admin.delete("/admin/api/providers/llm/gw")
+    assert status == 200 and "gw" not in admin_proxy.app.config.providers["llm"]
+    assert admin.delete("/admin/api/providers/llm/gw")[0] == 404
+    assert admin.get("/admin/api/providers/nope")[0] == 405 or admin.post("/admin/api/providers/nope", {})[0] == 404
+
+
+def test_provider_connection_test_reports_latency_and_errors(admin_proxy, fake):
+    admin = admin_proxy.admin()
+    for name in ("oa", "an", "ol"):
+        status, _, body = admin.post(f"/admin/api/providers/llm/{name}/test")
+        assert status == 200 and body["ok"] is True and body["status"] == 200, body
+        assert body["latency_ms"] > 0
+    admin.post("/admin/api/providers/llm", {"name": "dead", "type": "openai", "base_url": "http://127.0.0.1:9/v1",
+                                            "connect_timeout": 1})
+    status, _, body = admin.post("/admin/api/providers/llm/dead/test")
+    assert status == 200 and body["ok"] is False and body["error"]
+    fake.fail_next(401, json.dumps({"error": {"message": "bad upstream key", "type": "invalid_request_error"}}))
+    status, _, body = admin.post("/admin/api/providers/llm/oa/test")
+    assert body["ok"] is False and body["status"] == 401 and "bad upstream key" in body["error"]
+
+
+def test_model_mapping_crud(admin_proxy):
+    admin = admin_proxy.admin()
+    status, _, body = admin.post("/admin/api/models", {"name": "coder-*", "upstream": ["oa"], "upstream_model": "qwen"})
+    assert status == 201 and body["upstream"] == ["oa"] and body["kb_merge"] == "priority"
+    names = [m["name"] for m in admin.get("/admin/api/models")[2]["models"]]
+    assert names[-2:] == ["coder-*", "*"]  # before the catch-all
+    assert admin_proxy.app.resolve_route("coder-7b").upstream_model == "qwen"
+    status, _, body = admin.put("/admin/api/models/coder-%2A", {"upstream": ["an"], "rerank": False})
+    assert status == 200 and body["upstream"] == ["an"]
+    status, _, body = admin.put("/admin/api/models/coder-%2A", {"upstream": ["missing"]})
+    assert status == 400 and "missing" in body["error"]["message"]
+    assert admin.post("/admin/api/models", {"name": "coder-*", "upstream": ["oa"]})[0] == 409
+    assert admin.delete("/admin/api/models/coder-%2A")[0] == 200
+    assert admin_proxy.app.resolve_route("coder-7b").name == "*"
+    assert admin.delete("/admin/api/models/coder-%2A")[0] == 404
+    saved = ragproxy.Config.load(str(admin_proxy.config_path), environ={})
+    assert [m.name for m in saved.models] == [m.name for m in admin_proxy.app.config.models]
+
+
+def test_a_restart_comes_back_to_the_same_state(make_admin_proxy, tmp_path):
+    first = make_admin_proxy()
+    admin = first.admin()
+    admin.post("/admin/api/kbs", {"name": "notes", "retrieval": "lexical"})
+    admin.post("/admin/api/models", {"name": "notes-model", "upstream": ["oa"], "kb": ["notes"]})
+    admin.put("/admin/api/providers/llm/oa", {"read_timeout": 42})
+    reloaded = ragproxy.Config.load(str(first.config_path), environ={})
+    assert reloaded.raw == first.app.config.raw
+
+
+# -- knowledge bases ----------------------------------------------------------
+
+def test_kb_lifecycle_search_and_chunks(admin_proxy):
+    admin = admin_proxy.admin()
+    status, _, body = admin.post("/admin/api/kbs", {"name": "ops", "retrieval": "lexical",
+                                                   "chunking": {"chunk_size": 64}})
+    assert status == 201, body
+    assert body["config"]["chunking"]["chunk_size"] == 64 and os.path.isdir(body["documents_dir"])
+    (admin_proxy.data_dir / "documents" / "ops" / "runbook.md").write_text(GUIDE)
+    assert admin.post("/admin/api/kbs/ops/reindex", {})[0] == 202
+    kb = _wait_indexed(admin, "ops", 1)
+    assert kb["chunks"] >= 1 and kb["last_indexed"] and kb["bytes"] > 0
+    status, _, files = admin.get("/admin/api/kbs/ops/files")
+    assert [f["source"] for f in files["files"]] == ["ops/runbook.md"] and files["files"][0]["uploaded"] is False
+    status, _, chunks = admin.get("/admin/api/kbs/ops/chunks?source=ops%2Frunbook.md&limit=1")
+    assert status == 200 and chunks["total"] == kb["chunks"] and len(chunks["chunks"]) == 1
+    status, _, found = admin.post("/admin/api/kbs/ops/search", {"query": "who rotates the pager?", "top_k": 3})
+    assert status == 200 and found["mode"] == "lexical"
+    top = found["hits"][0]
+    assert "Tuesday" in top["text"] and top["lexical"] > 0 and top["lexical_rank"] == 1 and top["fused_rank"] == 1
+    assert top["dense"] is None and "pager" in found["terms"] and found["timings_ms"]["lexical"] >= 0
+    assert admin.post("/admin/api/kbs/ops/search", {"query": ""})[0] == 400
+    assert admin.post("/admin/api/kbs/ops/search", {"query": "x", "mode": "dense"})[0] == 502
+    # Settings change: chunk size written to config.yaml, then a full re-index.
+    status, _, body = admin.put("/admin/api/kbs/ops", {"chunking": {"chunk_size": 512}})
+    assert status == 200 and body["config"]["chunking"] == {"strategy": "auto", "chunk_size": 512, "chunk_overlap": 32}
+    assert admin.put("/admin/api/kbs/ops", {"retrieval": "dense"})[0] == 400  # no embedding provider
+    assert admin.post("/admin/api/kbs", {"name": "ops"})[0] == 409
+    status, _, body = admin.delete("/admin/api/kbs/ops")
+    assert status == 200
+    assert not (admin_proxy.data_dir / "vectordb" / "ops").exists()
+    assert not (admin_proxy.data_dir / "documents" / "ops").exists()
+    assert admin.get("/admin/api/kbs/ops")[0] == 404
+    assert "ops" not in ragproxy.Config.load(str(admin_proxy.config_path), environ={}).knowledge_bases
+
+
+@pytest.mark.parametrize("name", ["..", ".", "../etc", "a/b", "%2e%2e", "x" * 65, "-lead", "a%00b", "a%2Fb",
+                                  "%2E%2E%2Fconfig"])
+def test_path_traversal_in_kb_names_is_refused(admin_proxy, name):
+    admin = admin_proxy.admin()
+    before = sorted(p.name for p in admin_proxy.data_dir.rglob("*"))
+    for method, path in (("GET", f"/admin/api/kbs/{name}"), ("DELETE", f"/admin/api/kbs/{name}"),
+                         ("GET", f"/admin/api/kbs/{name}/files"), ("POST", f"/admin/api/kbs/{name}/reindex")):
+        status, _, body = admin.request(method, path, body={} if method == "POST" else None)
+        assert status in (400, 404) and "error" in body, (method, path, status)
+    status, _, body = admin.post("/admin/api/kbs", {"name": urllib_unquote(name)})
+    assert status == 400
+    assert sorted(p.name for p in admin_proxy.data_dir.rglob("*")) == before
+
+
+def urllib_unquote(text):
+    import urllib.parse
+    return urllib.parse.unquote(text)
+
+
+def test_only_uploaded_files_can_be_deleted(admin_proxy):
+    admin = admin_proxy.admin()
+    admin.post("/admin/api/kbs", {"name": "ops"})
+    (admin_proxy.data_dir / "documents" / "ops" / "runbook.md").write_text(GUIDE)
+    admin.post("/admin/api/kbs/ops/reindex", {})
+    _wait_indexed(admin, "ops", 1)
+    for source in ("ops/runbook.md", "ops/../../config/config.yaml", "../x", ""):
+        status, _, body = admin.delete("/admin/api/kbs/ops/files?source=" + source)
+        assert status == 400 and body["error"]["code"] == "not_uploaded"
+    assert (admin_proxy.data_dir / "documents" / "ops" / "runbook.md").exists()
+    assert admin_proxy.config_path.exists()
+
+
+# -- request log, stats, injected chunks -------------------------------------------
+
+def test_a_proxied_request_appears_in_the_log_with_its_chunks(admin_proxy, fake):
+    admin = admin_proxy.admin()
+    admin.post("/admin/api/kbs", {"name": "ops"})
+    admin.put("/admin/api/models/%2A", {"kb": ["ops"]})
+    (admin_proxy.data_dir / "documents" / "ops" / "runbook.md").write_text(GUIDE)
+    admin.post("/admin/api/kbs/ops/reindex", {})
+    _wait_indexed(admin, "ops", 1)
+    fake.secrets = ["every Tuesday at noon"]
+    client = openai.OpenAI(base_url=admin_proxy.url + "/v1", api_key=API_KEY, max_retries=0)
+    reply = client.chat.completions.create(model="llama3", messages=[{"role": "user",
+                                                                      "content": "When does the pager rotate?"}])
+    assert "FOUND: every Tuesday at noon" in reply.choices[0].message.content
+    admin_proxy.app.request_log.flush()
+    status, _, logs = admin.get("/admin/api/logs?kb=ops&outcome=retrieved")
+    assert status == 200 and len(logs["entries"]) == 1
+    entry = logs["entries"][0]
+    assert entry["model"] == "llama3" and entry["kbs"] == ["ops"] and entry["status"] == 200
+    status, _, detail = admin.get(f"/admin/api/logs/{entry['id']}")
+    assert status == 200 and any("Tuesday" in (c["text"] or "") for c in detail["chunks"])
+    assert admin.get("/admin/api/logs?outcome=failed")[2]["entries"] == []
+    assert admin.get("/admin/api/logs?since=abc")[0] == 400
+    assert admin.get("/admin/api/logs/999999")[0] == 404
+    assert admin.get("/admin/api/logs/x")[0] == 400
+    status, _, stats = admin.get("/admin/api/stats?hours=24")
+    assert status == 200 and stats["requests"] == 1 and stats["hit_rate"] == 1.0
+    assert len(stats["trend"]) == 24 and stats["kbs"]["ops"]["requests"] == 1
+
+
+# -- settings ---------------------------------------------------------------
+
+def test_settings_edit_validates_with_line_numbers_and_keeps_a_backup(admin_proxy):
+    admin = admin_proxy.admin()
+    status, _, body = admin.get("/admin/api/settings")
+    original = body["text"]
+    assert status == 200 and "providers:" in original and body["path"] == str(admin_proxy.config_path)
+    broken = original.replace("api_key_auth: true", "api_key_auth: true\nrag:\n  top_k: lots")
+    status, _, body = admin.put("/admin/api/settings", {"text": broken})
+    assert status == 400 and body["error"]["code"] == "invalid_config"
+    err = body["error"]["errors"][0]
+    assert err["path"] == "rag.top_k" and err["line"] == broken.splitlines().index("  top_k: lots") + 1
+    assert admin_proxy.config_path.read_text() == original
+    status, _, body = admin.post("/admin/api/settings/validate", {"text": "models: [\n"})
+    assert status == 400 and body["error"]["errors"][0]["line"] is not None
+    assert admin.post("/admin/api/settings/validate", {"text": original})[2] == {"ok": True}
+    edited = original.replace("api_key_auth: true", "api_key_auth: true\nrag:\n  top_k: 9")
+    status, _, body = admin.put("/admin/api/settings", {"text": edited})
+    assert status == 200 and body["backup"].endswith(".bak")
+    assert admin_proxy.app.config.rag["top_k"] == 9 and admin_proxy.config_path.read_text() == edited
+    with open(body["backup"]) as f:
+        assert f.read() == original
+    assert admin.put("/admin/api/settings", {"text": 5})[0] == 400
+
+
+# -- documents ------------------------------------------------------------------
+
+def test_openapi_document_lists_every_route(admin_proxy):
+    status, _, doc = admin_proxy.admin().get("/admin/api/openapi.json")
+    assert status == 200 and doc["openapi"].startswith("3.1")
+    for route in ragproxy._ADMIN_ROUTES:
+        assert route.method.lower() in doc["paths"]["/admin/api/" + route.pattern]
+    assert doc["paths"]["/admin/api/login"]["post"]["security"] == []
+
+
+def test_readme_lists_every_endpoint():
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    for route in ragproxy._ADMIN_ROUTES:
+        assert f"{route.method} /admin/api/{route.pattern}" in readme, route
+
+
+def test_panel_is_served_at_the_root_with_a_strict_csp(admin_proxy):
+    status, resp, body = AdminClient(admin_proxy.url).get("/")
+    assert status == 200 and resp.getheader("Content-Type").startswith("text/html")
+    assert b"<html" in body.lower()[:500] and b"/admin/api" in body
+    csp = resp.getheader("Content-Security-Policy")
+    assert "default-src 'none'" in csp and "connect-src 'self'" in csp
+    # Nothing is fetched from elsewhere (the SVG namespace URI is a name, not a fetch).
+    assert not re.search(rb"""(src|href|action)\s*=\s*["']?\s*(https?:)?//""", body, re.I)
+    assert not re.search(rb"@import|url\(\s*['\"]?\s*(https?:)?//|fetch\(\s*['\"]https?:", body, re.I)
+
+
+def test_admin_api_is_off_without_a_secret_key(proxy):
+    status, _, body = AdminClient(proxy.url).post("/admin/api/login", {"key": "x"})
+    assert status == 404 and "admin API is off" in body["error"]["message"]
