@@ -116,9 +116,14 @@ __all__ = [
     "BackoffGate", "EmbeddingCache", "EmbeddingClient", "RerankClient", "parse_retry_after",
     "DEFAULT_CHUNK_TEMPLATE", "INJECT_MODES", "QUERY_SOURCES", "extract_query", "turn_key", "render_context", "estimate_tokens_text", "inject",
     "KBSpec", "KnowledgeBase", "Hit", "IndexReport",
-    # 11-16. dialects, retrieval, proxy core, server, command line
+    # 11-17. dialects, retrieval, proxy core
     "Endpoint", "ENDPOINTS", "KnowledgeBases", "Retriever", "RetrievalFailed", "Retrieved", "split_model_kbs",
     "App", "Request", "Response", "StreamResponse", "Exchange", "ClientError", "make_server",
+    # 18-19. uploads, admin API
+    "Uploads", "UploadError", "UploadLimits", "UploadedPart", "ALLOWED_UPLOAD_EXTS", "ARCHIVE_EXTS",
+    "parse_multipart", "safe_relative_path", "expand_archive", "ingest_upload", "read_manifest",
+    "remove_document", "cleanup_staging", "Admin", "issue_token", "verify_token",
+    # 20-21. server, command line
     "ConfigFile", "ConfigWatcher", "version_text", "main",
 ]
 
@@ -7027,8 +7032,22 @@ _SETTINGS_FILE = "settings.json"
 _COMPACT_KINDS = {"int8": "i8", "float16": "f16"}  # config name -> vector store name
 
 
-# The upload manifest in a KB's documents folder (section 18): not a document.
+# The upload manifest in a KB's documents folder (written by section 18): not a
+# document itself, and the source of uploaded files' original names.
 _UPLOAD_MANIFEST = "manifest.json"
+
+
+def read_manifest(documents_dir):
+    """The upload manifest's ``files`` dict, stored name -> {name, size, sha256, uploaded_at}; {} if none."""
+    try:
+        with open(os.path.join(documents_dir, _UPLOAD_MANIFEST), "rb") as f:
+            files = json.loads(f.read().decode("utf-8")).get("files")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, AttributeError) as e:
+        log.warning("ignoring unreadable upload manifest in %s: %s", documents_dir, e)
+        return {}
+    return files if isinstance(files, dict) else {}
 
 
 def _valid_kb_name(name):
@@ -7312,6 +7331,7 @@ class KnowledgeBase:
             full = True
         old_manifest = old.manifest if old is not None and not full else {}
         files = self.scan()
+        uploaded = read_manifest(self.documents_dir)
         self.status["total"] = len(files)
         manifest, kept = {}, []
         batch = _EmbedBatch(self, old_bm25.vocab if old_manifest and old_bm25 is not None else None,
@@ -7326,7 +7346,7 @@ class KnowledgeBase:
                     manifest[source] = before
                     kept.append(source)
                     continue
-                fresh = self._read_and_chunk(source, path, size, report)
+                fresh = self._read_and_chunk(source, path, size, report, self._shown_name(source, uploaded))
                 if fresh is None:
                     continue
                 digest, chunks = fresh
@@ -7410,8 +7430,18 @@ class KnowledgeBase:
             at += count
         return rows
 
-    def _read_and_chunk(self, source, path, size, report):
-        """``(sha256, chunks)`` for one file, or None (recorded in the report) if it is skipped."""
+    def _shown_name(self, source, uploaded):
+        """What chunks call their file: an upload's original name, not its stored uuid name."""
+        label, _, stored = source.partition("/")
+        entry = uploaded.get(stored) if label == self.spec.name else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        return f"{label}/{name}" if isinstance(name, str) and name else source
+
+    def _read_and_chunk(self, source, path, size, report, shown=None):
+        """``(sha256, chunks)`` for one file, or None (recorded in the report) if it is skipped.
+
+        ``shown`` is the name chunks cite (and index) the file by, if not ``source``.
+        """
         spec = self.spec
         try:
             if size > spec.max_file_bytes:
@@ -7419,7 +7449,7 @@ class KnowledgeBase:
             with open(path, "rb") as f:
                 data = f.read(spec.max_file_bytes + 1)
             chunks = []
-            for doc in extract(source, data, max_bytes=spec.max_file_bytes):
+            for doc in extract(shown or source, data, max_bytes=spec.max_file_bytes):
                 chunks += chunk_document(doc, spec.strategy, spec.chunk_size, spec.chunk_overlap)
         except SkipFile as exc:
             report.skipped.append((source, str(exc)))
@@ -9741,11 +9771,14 @@ def _safe_rel(name, what):
     return "/".join(parts)
 
 
-def _member_path(name, is_dir):
+def _member_path(display_name, name, is_dir):
     """A member's safe relative path; "" for a folder entry that names the archive root ("./")."""
-    if is_dir and not name.replace("\\", "/").strip("./"):
+    if is_dir and all(p in ("", ".") for p in name.replace("\\", "/").split("/")):
         return ""
-    return _safe_rel(name, "archive member")
+    try:
+        return _safe_rel(name, "archive member")
+    except UploadError as e:
+        raise UploadError(e.status, f"{display_name}: {e.message}") from None
 
 
 def _archive_kind(name):
@@ -9760,6 +9793,14 @@ def _too_big(message):
     return UploadError(413, message)
 
 
+def _too_many_files(limits):
+    return _too_big(f"the upload holds more than {limits.max_files} files (uploads.max_files)")
+
+
+def _too_much(limits):
+    return _too_big(f"the upload holds more than {_human_size(limits.max_total_bytes)} (uploads.max_total_bytes)")
+
+
 class _Budget:
     """Files and bytes that one upload will store, across all its parts and archives."""
 
@@ -9772,22 +9813,23 @@ class _Budget:
         lim = self.limits
         self.files += 1
         if self.files > lim.max_files:
-            raise _too_big(f"the upload holds more than {lim.max_files} files (limit {lim.max_files})")
+            raise _too_many_files(lim)
         if size > lim.max_file_bytes:
-            raise _too_big(f"{name!r} is {_human_size(size)} (limit {_human_size(lim.max_file_bytes)} per file)")
+            raise _too_big(f"{name!r} is {_human_size(size)}, over {_human_size(lim.max_file_bytes)} "
+                           "(uploads.max_file_bytes)")
         self.bytes += size
         if self.bytes > lim.max_total_bytes:
-            raise _too_big(f"the upload holds more than {_human_size(lim.max_total_bytes)} "
-                           f"(limit {_human_size(lim.max_total_bytes)} per upload)")
+            raise _too_much(lim)
 
 
 class _StagedFile:
     """A new randomly named file in the staging folder, hashed and size-capped as it is written."""
 
-    def __init__(self, staging_dir, name, cap, cap_error):
-        fd, self.path = tempfile.mkstemp(prefix="up-", dir=staging_dir)
+    def __init__(self, staging_dir, cap, cap_error):
+        with self._staging_errors():
+            fd, self.path = tempfile.mkstemp(prefix="up-", dir=staging_dir)
         self.file = os.fdopen(fd, "wb")
-        self.name, self.cap, self.cap_error = name, cap, cap_error
+        self.cap, self.cap_error = cap, cap_error
         self.size = 0
         self.hash = hashlib.sha256()
 
@@ -9796,10 +9838,18 @@ class _StagedFile:
         if self.size > self.cap:
             raise self.cap_error()
         self.hash.update(data)
-        self.file.write(data)
+        with self._staging_errors():
+            self.file.write(data)
 
-    def close(self):
-        self.file.close()
+    @staticmethod
+    @contextlib.contextmanager
+    def _staging_errors():
+        # The server's fault (507/500): left as OSError, an archive's error handler would call it corrupt (400).
+        try:
+            yield
+        except OSError as e:
+            full = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+            raise UploadError(507 if full else 500, f"cannot stage the upload on the server: {e}") from e
 
 
 # --- multipart/form-data ------------------------------------------------------
@@ -9936,23 +9986,22 @@ class _Multipart:
         name = safe_relative_path(raw_name)
         lim = self.limits
         if files_so_far + 1 > lim.max_files:
-            raise _too_big(f"the upload holds more than {lim.max_files} files (limit {lim.max_files})")
+            raise _too_many_files(lim)
         # An archive may be as large as a whole upload: its members are capped one by one later.
-        cap = lim.max_total_bytes if _archive_kind(name) else lim.max_file_bytes
-        out = _StagedFile(self.staging_dir, name, cap, lambda: _too_big(
-            f"{name!r} is over {_human_size(cap)} (limit {_human_size(cap)} per file)"))
+        cap, key = ((lim.max_total_bytes, "uploads.max_total_bytes, for an archive") if _archive_kind(name)
+                    else (lim.max_file_bytes, "uploads.max_file_bytes"))
+        out = _StagedFile(self.staging_dir, cap, lambda: _too_big(f"{name!r} is over {_human_size(cap)} ({key})"))
         self.staged.append(out.path)
 
         def write(data):
             self.total += len(data)
             if self.total > lim.max_total_bytes:
-                raise _too_big(f"the upload is over {_human_size(lim.max_total_bytes)} "
-                               f"(limit {_human_size(lim.max_total_bytes)} per upload)")
+                raise _too_much(lim)
             out.write(data)
         try:
             self._copy_until_delimiter(write)
         finally:
-            out.close()
+            out.file.close()
         return UploadedPart(field, name, out.path, out.size, out.hash.hexdigest())
 
 
@@ -9961,24 +10010,21 @@ def _parse_part_headers(raw):
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         text = raw.decode("latin-1")
-    headers, last = {}, None
+    headers = {}
     for line in text.split("\r\n") if text else ():
-        if line[:1] in (" ", "\t") and last:
-            headers[last] += " " + line.strip()
-            continue
         name, sep, value = line.partition(":")
-        if not sep or not name.strip():
+        if not sep or not name.strip() or name[:1] in (" ", "\t"):
             raise UploadError(400, f"malformed multipart header line {line[:100]!r}")
-        last = name.strip().lower()
-        headers[last] = value.strip()
+        headers[name.strip().lower()] = value.strip()
     return headers
 
 
 def parse_multipart(stream, content_type, content_length, staging_dir, limits=None):
     """Stream a multipart/form-data body into ``staging_dir``; a list of UploadedPart.
 
-    ``stream.read(n)`` must not be read past ``content_length``.  File parts
-    become new files in ``staging_dir``; on any error those are removed again.
+    Reads at most ``content_length`` bytes from ``stream``, 64 KiB at a time.
+    File parts become new files in ``staging_dir``; on any error those are
+    removed again.  An empty file input (``filename=""``) yields no part.
     """
     limits = limits or UploadLimits()
     kind, params = _header_params(content_type or "")
@@ -9998,7 +10044,8 @@ def parse_multipart(stream, content_type, content_length, staging_dir, limits=No
     # File bytes are capped at max_total_bytes; allow for part headers and small fields on top.
     overhead = (limits.max_files + _MAX_FIELDS + 1) * (limits.max_part_header_bytes + 256) + _MAX_FIELDS * 1024
     if length > limits.max_total_bytes + overhead:
-        raise _too_big(f"the upload is {_human_size(length)} (limit {_human_size(limits.max_total_bytes)} per upload)")
+        raise _too_big(f"the upload is {_human_size(length)}, over {_human_size(limits.max_total_bytes)} "
+                       "(uploads.max_total_bytes)")
     parser = _Multipart(stream, length, boundary.encode("ascii"), staging_dir, limits)
     try:
         return parser.parse()
@@ -10092,6 +10139,11 @@ def expand_archive(path, display_name, staging_dir, limits=None, budget=None):
         return _expand_tar(path, display_name, staging_dir, limits, budget, kind != ".tar")
 
 
+def _too_many_members(display_name, count, limit):
+    return _too_big(f"{display_name} has {count} members (limit {limit}: {_MEMBERS_PER_FILE} per file "
+                    "of uploads.max_files, counting folders and skipped files)")
+
+
 def _member_error(display_name, member, problem):
     return UploadError(400, f"{display_name}: archive member {member!r} {problem}")
 
@@ -10099,7 +10151,7 @@ def _member_error(display_name, member, problem):
 def _extract_member(src, display_name, member, declared, staging_dir):
     """Copy one member out in pieces, refusing more bytes than its header declared."""
     name = f"{display_name}/{member}"
-    out = _StagedFile(staging_dir, name, declared, lambda: _member_error(
+    out = _StagedFile(staging_dir, declared, lambda: _member_error(
         display_name, member, f"holds more than the {declared} bytes its header declares (corrupt or hostile)"))
     try:
         while True:
@@ -10108,7 +10160,7 @@ def _extract_member(src, display_name, member, declared, staging_dir):
                 break
             out.write(piece)
     finally:
-        out.close()
+        out.file.close()
     return UploadedPart("", name, out.path, out.size, out.hash.hexdigest())
 
 
@@ -10116,17 +10168,17 @@ def _expand_zip(path, display_name, staging_dir, limits, budget):
     max_members = _MEMBERS_PER_FILE * limits.max_files
     declared = _zip_declared_entries(path)
     if declared is not None and declared > max_members:
-        raise _too_big(f"{display_name} has {declared} members (limit {max_members})")
+        raise _too_many_members(display_name, declared, max_members)
     parts, skipped, todo = [], [], []
     with zipfile.ZipFile(path) as zf:
         infos = zf.infolist()
         if len(infos) > max_members:
-            raise _too_big(f"{display_name} has {len(infos)} members (limit {max_members})")
+            raise _too_many_members(display_name, len(infos), max_members)
         unpacked = 0
         for info in infos:   # every member is checked before anything is written
             mode = info.external_attr >> 16
             is_dir = info.is_dir() or (mode & _S_IFMT) == _S_IFDIR
-            member = _member_path(info.filename, is_dir)
+            member = _member_path(display_name, info.filename, is_dir)
             if (mode & _S_IFMT) == _S_IFLNK:
                 raise _member_error(display_name, info.filename, "is a symbolic link; links are not accepted")
             if is_dir:
@@ -10160,8 +10212,8 @@ def _expand_tar(path, display_name, staging_dir, limits, budget, gzipped):
             for ti in tf:
                 count += 1
                 if count > max_members:
-                    raise _too_big(f"{display_name} has more than {max_members} members (limit {max_members})")
-                member = _member_path(ti.name, ti.isdir())
+                    raise _too_many_members(display_name, f"more than {max_members}", max_members)
+                member = _member_path(display_name, ti.name, ti.isdir())
                 if ti.issym():
                     raise _member_error(display_name, ti.name, "is a symbolic link; links are not accepted")
                 if ti.islnk():
@@ -10190,34 +10242,9 @@ def _expand_tar(path, display_name, staging_dir, limits, budget, gzipped):
 
 # --- documents folder -----------------------------------------------------------
 
-def read_manifest(documents_dir):
-    """The manifest's ``files`` dict, stored name -> {name, size, sha256, uploaded_at}; {} if none."""
-    try:
-        with open(os.path.join(documents_dir, _UPLOAD_MANIFEST), "rb") as f:
-            files = json.loads(f.read().decode("utf-8")).get("files")
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, AttributeError) as e:
-        log.warning("ignoring unreadable upload manifest in %s: %s", documents_dir, e)
-        return {}
-    return files if isinstance(files, dict) else {}
-
-
 def _write_manifest(documents_dir, files):
     data = json.dumps({"files": files}, ensure_ascii=False, indent=1, sort_keys=True)
     _atomic_write(os.path.join(documents_dir, _UPLOAD_MANIFEST), data.encode("utf-8"))
-
-
-def _missing_dirs(path):
-    """``path`` and those of its ancestors that do not exist yet, deepest first."""
-    missing = []
-    while path and not os.path.isdir(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return missing
 
 
 class Uploads:
@@ -10242,7 +10269,10 @@ class Uploads:
         Returns ``{"stored": [{name, stored_as, size, sha256}], "skipped": [{name, reason}]}``.
         """
         documents_dir = os.path.abspath(documents_dir)
-        created = _missing_dirs(documents_dir)
+        created, path = [], documents_dir   # folders this upload makes, deepest first
+        while not os.path.isdir(path) and os.path.dirname(path) != path:
+            created.append(path)
+            path = os.path.dirname(path)
         os.makedirs(os.path.dirname(documents_dir), exist_ok=True)
         staging = os.path.join(os.path.dirname(documents_dir), _STAGING_PREFIX + uuid.uuid4().hex[:16])
         os.mkdir(staging, 0o700)
@@ -10252,8 +10282,7 @@ class Uploads:
             files, skipped = self._expand(parts, staging)
             with self._lock(documents_dir):
                 os.makedirs(documents_dir, exist_ok=True)
-                manifest = read_manifest(documents_dir)
-                stored = []
+                manifest, stored, now = read_manifest(documents_dir), [], self.clock()
                 for part in files:
                     stored_as = self.new_id() + _split_ext(part.filename)[1]
                     target = os.path.join(documents_dir, stored_as)
@@ -10263,7 +10292,7 @@ class Uploads:
                     os.replace(part.path, target)
                     moved.append(target)
                     manifest[stored_as] = {"name": part.filename, "size": part.size, "sha256": part.sha256,
-                                           "uploaded_at": self.clock()}
+                                           "uploaded_at": now}
                     stored.append({"name": part.filename, "stored_as": stored_as, "size": part.size,
                                    "sha256": part.sha256})
                 _write_manifest(documents_dir, manifest)
@@ -10273,6 +10302,7 @@ class Uploads:
                 for path in moved:
                     with contextlib.suppress(OSError):
                         os.unlink(path)
+                shutil.rmtree(staging, ignore_errors=True)
                 for path in created:   # only folders this upload made, and only if still empty
                     with contextlib.suppress(OSError):
                         os.rmdir(path)
@@ -11889,6 +11919,8 @@ def _serve(data_dir, config_path, overrides, config, environ):
         secret_key, secret_created = _load_secret_key(data_dir, environ)
     except (ConfigError, YAMLError) as exc:
         raise _CLIError(str(exc)) from None
+    for name in cleanup_staging(os.path.join(data_dir, "documents")):
+        log.info("removed %s, left by an upload that did not finish", name)
     app = App(config, data_dir=data_dir)
     config_file = ConfigFile(config_path, environ=environ, overrides=overrides)
     app.admin = Admin(app, secret_key, config_file)

@@ -396,3 +396,177 @@ def test_panel_is_served_at_the_root_with_a_strict_csp(admin_proxy):
 def test_admin_api_is_off_without_a_secret_key(proxy):
     status, _, body = AdminClient(proxy.url).post("/admin/api/login", {"key": "x"})
     assert status == 404 and "admin API is off" in body["error"]["message"]
+
+
+# -- uploads through the endpoint ------------------------------------------------
+
+def _multipart(files, boundary="----ragproxyTestBoundary7MA4YWxkTrZu0gW"):
+    """A multipart/form-data body as a browser's FormData sends it: [(filename, bytes)]."""
+    out = []
+    for name, data in files:
+        out.append(f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
+                   "Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
+    out.append(f"--{boundary}--\r\n".encode())
+    return b"".join(out), f"multipart/form-data; boundary={boundary}"
+
+
+def _zip(members):
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members:
+            if isinstance(data, int):  # a symlink entry pointing nowhere good
+                info = zipfile.ZipInfo(name)
+                info.external_attr = (0o120777 << 16)
+                zf.writestr(info, "/etc/passwd")
+            else:
+                zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _tar(members, gz=True):
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz" if gz else "w") as tf:
+        for name, kind, data in members:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            if kind == tarfile.REGTYPE:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+            else:
+                info.linkname = data.decode()
+                tf.addfile(info)
+    return buf.getvalue()
+
+
+def _upload(admin, kb, body, ctype):
+    return admin.request("POST", f"/admin/api/kbs/{kb}/upload", raw=body, headers={"Content-Type": ctype})
+
+
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_upload_files_folder_and_archive_then_search(admin_proxy):
+    admin = admin_proxy.admin()
+    admin.post("/admin/api/kbs", {"name": "ops"})
+    archive = _zip([("guides/backup.md", "# Backups\n\nRestores are rehearsed every quarter by the storage team.\n"),
+                    ("guides/logo.png", b"\x89PNG...")])
+    body, ctype = _multipart([("runbook.md", GUIDE.encode()), ("team/folder/notes.txt", b"The kettle is blue."),
+                              ("bundle.zip", archive)])
+    status, _, result = _upload(admin, "ops", body, ctype)
+    assert status == 201, result
+    assert sorted(f["name"] for f in result["stored"]) == ["bundle.zip/guides/backup.md", "runbook.md",
+                                                           "team/folder/notes.txt"]
+    assert [s["name"] for s in result["skipped"]] == ["bundle.zip/guides/logo.png"]
+    docs = admin_proxy.data_dir / "documents" / "ops"
+    manifest = json.loads((docs / "manifest.json").read_text())["files"]
+    for item in result["stored"]:
+        assert (docs / item["stored_as"]).exists() and manifest[item["stored_as"]]["name"] == item["name"]
+        assert re.fullmatch(r"[0-9a-f]{32}\.(md|txt)", item["stored_as"])
+    _wait_indexed(admin, "ops", 3)
+    files = admin.get("/admin/api/kbs/ops/files")[2]["files"]
+    assert sorted(f["name"] for f in files) == sorted(i["name"] for i in result["stored"])
+    assert all(f["uploaded"] and f["chunks"] >= 1 for f in files)  # manifest.json itself is not indexed
+    hits = admin.post("/admin/api/kbs/ops/search", {"query": "who rehearses restores"})[2]["hits"]
+    assert "quarter" in hits[0]["text"]
+    assert hits[0]["source"] == "ops/bundle.zip/guides/backup.md"  # cited by its uploaded name
+    victim = next(f for f in files if f["name"] == "runbook.md")
+    assert admin.delete("/admin/api/kbs/ops/files?source=" + victim["source"])[0] == 200
+    _wait_indexed(admin, "ops", 2)
+    assert victim["source"].split("/")[1] not in json.loads((docs / "manifest.json").read_text())["files"]
+
+
+def _bomb():
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("zeros.txt", b"\0" * (60 * 1024 * 1024))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("case", [
+    "traversal_name", "absolute_name", "zip_traversal", "zip_symlink", "tar_symlink", "tar_hardlink",
+    "tar_device", "truncated_tgz", "truncated_zip", "zip_bomb", "bad_extension", "malformed_multipart",
+    "missing_final_boundary", "no_boundary", "empty",
+])
+def test_hostile_uploads_are_refused_and_leave_nothing(admin_proxy, case):
+    import tarfile
+    admin = admin_proxy.admin()
+    admin.post("/admin/api/kbs", {"name": "ops"})
+    good = ("ok.md", b"# fine\n")
+    tgz = _tar([("a.md", tarfile.REGTYPE, b"x" * 5000)])
+    bodies = {
+        "traversal_name": [good, ("../../config/config.yaml.md", b"x")],
+        "absolute_name": [good, ("/etc/cron.d/x.md", b"x")],
+        "zip_traversal": [good, ("evil.zip", _zip([("../../escape.md", "x")]))],
+        "zip_symlink": [good, ("evil.zip", _zip([("link.md", 0)]))],
+        "tar_symlink": [good, ("evil.tar.gz", _tar([("link.md", tarfile.SYMTYPE, b"/etc/passwd")]))],
+        "tar_hardlink": [good, ("evil.tar", _tar([("hard.md", tarfile.LNKTYPE, b"/etc/passwd")], gz=False))],
+        "tar_device": [good, ("evil.tar", _tar([("dev.md", tarfile.CHRTYPE, b"")], gz=False))],
+        "truncated_tgz": [good, ("cut.tar.gz", tgz[: len(tgz) // 2])],
+        "truncated_zip": [good, ("cut.zip", _zip([("a.md", "y" * 5000)])[:-30])],
+        "zip_bomb": [good, ("bomb.zip", _bomb())],
+        "bad_extension": [good, ("tool.exe", b"MZ")],
+        "empty": [],
+    }
+    docs = admin_proxy.data_dir / "documents"
+    before = _tree(admin_proxy.data_dir)
+    if case in bodies:
+        body, ctype = _multipart(bodies[case])
+    elif case == "malformed_multipart":
+        body, ctype = b"--XYZ\r\nContent-Type: text/plain\r\n\r\nno disposition\r\n--XYZ--\r\n", \
+            "multipart/form-data; boundary=XYZ"
+    elif case == "missing_final_boundary":
+        body, ctype = _multipart([good])
+        body = body[: body.rindex(b"\r\n--")]
+    else:
+        body, ctype = _multipart([good])
+        ctype = "multipart/form-data"
+    status, _, result = _upload(admin, "ops", body, ctype)
+    assert status in (400, 413), (case, result)
+    assert result["error"]["code"] == "upload_rejected" and result["error"]["message"]
+    assert _tree(admin_proxy.data_dir) == before, case
+    assert not list(docs.glob(".staging-*"))
+
+
+def test_upload_caps_come_from_the_config(make_admin_proxy, fake):
+    proxy = make_admin_proxy(proxy_config(fake.url, extra="uploads: {max_file_bytes: 1000, max_files: 2}\n"))
+    admin = proxy.admin()
+    admin.post("/admin/api/kbs", {"name": "ops"})
+    body, ctype = _multipart([("big.md", b"x" * 1001)])
+    status, _, result = _upload(admin, "ops", body, ctype)
+    assert status == 413 and result["error"]["code"] == "upload_rejected"
+    body, ctype = _multipart([("a.md", b"a"), ("b.md", b"b"), ("c.md", b"c")])
+    assert _upload(admin, "ops", body, ctype)[0] in (400, 413)
+    assert not list((proxy.data_dir / "documents" / "ops").iterdir())
+
+
+def test_upload_without_a_token_is_refused_before_the_body_is_read(admin_proxy):
+    import socket
+    host, port = admin_proxy.url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        # Claims a 1 GB body and sends none of it: the 401 must come back at once.
+        sock.sendall(b"POST /admin/api/kbs/docs/upload HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 1000000000\r\n\r\n")
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 401") and b"invalid_token" in reply
+    admin = admin_proxy.admin()
+    status, _, body = admin.request("POST", "/admin/api/kbs/docs/upload", raw=b"x",
+                                    headers={"Content-Type": "multipart/form-data; boundary=b",
+                                             "Transfer-Encoding": "chunked"})
+    assert status in (400, 411)
+
+
+def test_upload_to_a_missing_or_hostile_kb_name(admin_proxy):
+    admin = admin_proxy.admin()
+    body, ctype = _multipart([("a.md", b"a")])
+    before = _tree(admin_proxy.data_dir)
+    for kb in ("nope", "..", "%2E%2E", "a%2Fb"):
+        status, _, result = _upload(admin, kb, body, ctype)
+        assert status in (400, 404), kb
+    assert _tree(admin_proxy.data_dir) == before

@@ -150,3 +150,33 @@ def test_example_configs_validate_and_parse_the_same_both_ways(path):
     ours, _ = ragproxy.parse_yaml(text)
     yaml = pytest.importorskip("yaml")
     assert ours == yaml.safe_load(text)
+
+
+def test_config_file_write_validates_backs_up_and_detects_outside_changes(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(MINIMAL)
+    config_file = ragproxy.ConfigFile(str(path), environ={})
+    assert config_file.load().rag["top_k"] == 5 and config_file.changed() is False
+    with pytest.raises(ragproxy.ConfigError) as err:
+        config_file.write(MINIMAL + "rag: {top_k: nine}\n")
+    assert err.value.errors[0][0] == "rag.top_k" and path.read_text() == MINIMAL
+    assert not (tmp_path / "config.yaml.bak").exists()
+    config = config_file.write(MINIMAL + "rag: {top_k: 9}\n")
+    assert config.rag["top_k"] == 9 and (tmp_path / "config.yaml.bak").read_text() == MINIMAL
+    assert config_file.changed() is False  # our own write is not news
+    path.write_text(MINIMAL)
+    os.utime(path, ns=(3, 3 * 10**9))
+    assert config_file.changed() is True and config_file.changed() is False
+
+
+def test_config_file_update_keeps_env_references_and_rejects_bad_changes(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(MINIMAL + 'api_keys: ["${TEAM_KEY}"]\n')
+    config_file = ragproxy.ConfigFile(str(path), environ={"TEAM_KEY": "team-key-123"})
+    config = config_file.update(lambda data: data.setdefault("rag", {}).update(top_k=3))
+    assert config.rag["top_k"] == 3 and config.api_keys[0]["key"] == "team-key-123"
+    assert "${TEAM_KEY}" in path.read_text() and "team-key-123" not in path.read_text()
+    written = path.read_text()
+    with pytest.raises(ragproxy.ConfigError):
+        config_file.update(lambda data: data.update(models="not a list"))
+    assert path.read_text() == written

@@ -305,3 +305,55 @@ def test_reads_back_every_scalar_style(pyyaml, style):
         data = {"k": [random_text(rng, 40) for _ in range(3)]}
         text = pyyaml.safe_dump(data, default_style=style, allow_unicode=True, width=30)
         assert ragproxy.parse_yaml(text)[0] == pyyaml.safe_load(text), text
+
+
+# -- dump_yaml: what the admin API writes must read back identically ----------
+
+_DUMP_ATOMS = ["a", "Z", "0", "1", " ", ":", "#", "-", "\n", "\t", '"', "'", "\\", "\u00e9", "\u2028", "\x00",
+               "\x7f", "\x85", "[", "{", "*", "&", "!", "%", "@", "`", "|", ">", "?", ",", "\U0001f600",
+               "\ufeff", "yes", "null", "1e3", ".5", "0x1F", "~", "${HOME}", "http://h:1/v1"]
+
+
+def _random_value(rng, depth=0):
+    roll = rng.random()
+    if depth < 3 and roll < 0.2:
+        return {_random_text(rng) or "k": _random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+    if depth < 3 and roll < 0.4:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if roll < 0.5:
+        return rng.randint(-10**6, 10**6)
+    if roll < 0.6:
+        return rng.choice([True, False, None, 1.5, -0.25, 1e20, 3.0, 1e-7])
+    return _random_text(rng)
+
+
+def _random_text(rng):
+    return "".join(rng.choice(_DUMP_ATOMS) for _ in range(rng.randint(0, 6)))
+
+
+def test_dump_yaml_round_trips_through_both_parsers():
+    pyyaml = pytest.importorskip("yaml") if ragproxy._yaml is not None else None
+    rng = random.Random(20261129)
+    for _ in range(1500):
+        data = {_random_text(rng) or "k": _random_value(rng) for _ in range(rng.randint(1, 4))}
+        text = ragproxy.dump_yaml(data, header="written by a test\n\nsecond paragraph")
+        assert ragproxy.parse_yaml(text)[0] == data, text
+        if pyyaml is not None:
+            assert pyyaml.safe_load(text) == data, text
+
+
+def test_dump_yaml_of_a_real_config_is_readable_and_loads_the_same():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "config-full.yaml")
+    with open(path, encoding="utf-8") as f:
+        data, _ = ragproxy.load_yaml(f.read())
+    text = ragproxy.dump_yaml(data, header="ragproxy configuration")
+    assert text.startswith("# ragproxy configuration\n")
+    assert "  - name: " in text and "\n  llm:\n" in text  # block style, as a person would write it
+    assert ragproxy.load_yaml(text)[0] == data
+    environ = {name: "secret-value-123" for name in ("RAGPROXY_TEAM_KEY", "ANTHROPIC_API_KEY", "GATEWAY_KEY",
+                                                      "OPENAI_API_KEY")}
+    with open(path, encoding="utf-8") as f:
+        before = ragproxy.Config.from_text(f.read(), environ=environ)
+    after = ragproxy.Config.from_text(text, environ=environ)
+    assert after.raw == before.raw
+    assert '"${GATEWAY_KEY}"' in text  # references are kept, never replaced by their values

@@ -1,0 +1,451 @@
+"""The admin panel (static/panel.html) driven as a user would, in real headless Chromium.
+
+Playwright's Python package drives the system Chromium (/usr/bin/chromium; the
+Playwright browser download is never used) against a real ragproxy with the
+admin API (the ``make_admin_proxy`` / ``admin_proxy`` fixtures of conftest.py)
+in front of the fake upstream.  One browser per module, a fresh context per
+test.  Screenshots of every module land in tests/artifacts/panel-*.png.
+"""
+import io
+import os
+import pathlib
+import re
+import time
+import zipfile
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+# CI sets RAGPROXY_REQUIRE_BROWSER=1: there a missing browser is a failure, not a skip.
+if os.environ.get("RAGPROXY_REQUIRE_BROWSER") == "1":
+    import playwright  # noqa: F401
+    assert os.path.exists(CHROMIUM), f"RAGPROXY_REQUIRE_BROWSER=1 but {CHROMIUM} is missing"
+else:
+    pytest.importorskip("playwright")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"the panel tests need Chromium at {CHROMIUM}", allow_module_level=True)
+
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+from conftest import API_KEY  # noqa: E402
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1366, "height": 768}
+ARTIFACTS = pathlib.Path(__file__).resolve().parent / "artifacts"
+TIMEOUT_MS = 10_000
+INDEX_TIMEOUT_MS = 20_000
+
+GUIDE_MD = b"""# Credential rotation guide
+
+The zanzibarquux rotation schedule is nightly at 02:00 UTC; the on-call engineer
+confirms the rotation in the operations channel.
+
+## Emergency rotation
+
+Revoke the old token first, then issue a new one with the vault command line.
+"""
+DEPLOY_MD = b"""# Deploying the frobnicator
+
+Blue/green deployments switch the load balancer only after health checks pass.
+"""
+FAQ_TXT = b"""Frequently asked questions
+
+Is <script>alert(1)</script> rendered? No: the panel escapes every chunk.
+"""
+
+
+def _archive():
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("handbook/deploy.md", DEPLOY_MD)
+        zf.writestr("handbook/faq.txt", FAQ_TXT)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+class Panel:
+    """A page on the panel plus the proxy behind it."""
+
+    def __init__(self, page, proxy):
+        self.page, self.proxy = page, proxy
+
+    def tid(self, testid):
+        return self.page.get_by_test_id(testid)
+
+    def login(self):
+        self.tid("login-key").fill(self.proxy.admin_key)
+        self.tid("login-submit").click()
+        expect(self.tid("nav-dashboard")).to_be_visible()
+
+    def nav(self, view, ready):
+        self.tid("nav-" + view).click()
+        expect(self.tid(ready).first).to_be_visible()
+
+    def shot(self, name, full_page=False):
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.evaluate("document.querySelectorAll('[data-testid=toast]').forEach(t => t.remove())")
+        self.page.screenshot(path=str(ARTIFACTS / f"panel-{name}.png"), full_page=full_page)
+
+
+@pytest.fixture
+def panel(browser, admin_proxy):
+    context = browser.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    errors, requests = [], []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("request", lambda req: requests.append(req.url))
+    page.goto(admin_proxy.url + "/")
+    expect(page.get_by_test_id("login-key")).to_be_visible()
+    yield Panel(page, admin_proxy)
+    context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
+    foreign = [url for url in requests if not (url.startswith(admin_proxy.url + "/") or url.startswith("data:"))]
+    assert foreign == [], f"the panel fetched something other than its own origin: {foreign}"
+
+
+def eventually(check, timeout=15.0, interval=0.4):
+    """Retry ``check`` (which asserts) until it passes or ``timeout`` seconds are up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check()
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(interval)
+
+
+# --------------------------------------------------------------------------
+
+
+def test_login_wrong_key_then_right_key_then_logout(panel):
+    page = panel.page
+    expect(page.get_by_test_id("login-error")).to_be_empty()
+    panel.tid("login-key").fill("definitely-not-the-key")
+    panel.tid("login-submit").click()
+    expect(panel.tid("login-error")).to_contain_text(re.compile(r"\w"))
+    expect(panel.tid("nav-dashboard")).to_be_hidden()
+    panel.shot("login")
+
+    panel.tid("login-key").fill(panel.proxy.admin_key)
+    panel.tid("login-key").press("Enter")
+    expect(panel.tid("stat-requests")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('ragproxy.panel.token')")
+    assert page.url.endswith("#/dashboard")
+
+    # A token the server no longer accepts (any 401) returns to the login screen.
+    page.evaluate("sessionStorage.setItem('ragproxy.panel.token', 'not-a-valid-token')")
+    panel.tid("nav-providers").click()
+    expect(panel.tid("login-key")).to_be_visible()
+    expect(panel.tid("login-error")).to_contain_text("Sign in again")
+
+    panel.login()
+    panel.tid("logout").click()
+    expect(panel.tid("login-key")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('ragproxy.panel.token')") is None
+
+
+def test_keyboard_only(panel):
+    page = panel.page
+    page.evaluate("document.activeElement && document.activeElement.blur()")
+    for _ in range(6):  # Tab (wrapping around the page) until the key field has the focus
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.id") == "login-key":
+            break
+    expect(panel.tid("login-key")).to_be_focused()
+    page.keyboard.type(panel.proxy.admin_key)
+    page.keyboard.press("Enter")
+    expect(panel.tid("stat-requests")).to_be_visible()
+
+    seen = []
+    for _ in range(12):
+        page.keyboard.press("Tab")
+        seen.append(page.evaluate("document.activeElement.getAttribute('data-testid')"))
+        if seen[-1] == "nav-providers":
+            break
+    assert "nav-dashboard" in seen and seen[-1] == "nav-providers", seen
+    assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none", "no visible focus ring"
+    page.keyboard.press("Enter")
+    expect(panel.tid("providers-llm")).to_be_visible()
+    expect(panel.tid("page-title")).to_be_focused()
+
+    # The first control after the heading opens a dialog; Escape closes it and focus returns.
+    page.keyboard.press("Tab")
+    expect(panel.tid("add-provider-llm")).to_be_focused()
+    page.keyboard.press("Enter")
+    dialog = panel.tid("provider-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog.locator("input[name=name]")).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(dialog).to_have_count(0)
+    expect(panel.tid("add-provider-llm")).to_be_focused()
+
+
+def test_providers_and_model_mappings(panel, fake):
+    page, proxy = panel.page, panel.proxy
+    panel.login()
+    panel.nav("providers", "providers-llm")
+    llm = panel.tid("providers-llm")
+    for name in ("oa", "an", "ol"):
+        expect(llm.get_by_test_id(f"provider-row-llm-{name}")).to_be_visible()
+    # Keys are shown masked, never in full.
+    assert "upstream-openai-key" not in page.content()
+
+    row = panel.tid("provider-row-llm-oa")
+    row.get_by_test_id("provider-test").click()
+    expect(row.get_by_test_id("provider-test-result")).to_contain_text("OK")
+    expect(row.get_by_test_id("provider-test-result")).to_contain_text("ms")
+
+    # Add an embedding provider (served by the fake upstream), test it, then delete it.
+    panel.tid("add-provider-embedding").click()
+    dialog = panel.tid("provider-dialog")
+    dialog.locator("input[name=name]").fill("emb")
+    dialog.locator("select[name=type]").select_option("openai")
+    dialog.locator("input[name=base_url]").fill(fake.url + "/v1")
+    dialog.locator("input[name=model]").fill("fake-embed")
+    dialog.locator("input[name=model]").press("Enter")
+    expect(dialog).to_have_count(0)
+    emb = panel.tid("provider-row-embedding-emb")
+    expect(emb).to_be_visible()
+    emb.get_by_test_id("provider-test").click()
+    expect(emb.get_by_test_id("provider-test-result")).to_contain_text("OK")
+    panel.shot("providers")
+
+    # Editing keeps the stored key when the masked value is sent back untouched.
+    row.get_by_test_id("provider-edit").click()
+    dialog = panel.tid("provider-dialog")
+    dialog.locator("input[name=read_timeout]").fill("7")
+    dialog.get_by_test_id("dialog-submit").click()
+    expect(dialog).to_have_count(0)
+    expect(panel.tid("provider-row-llm-oa")).to_contain_text("/ 7")
+    config_text = pathlib.Path(proxy.config_path).read_text()
+    assert "upstream-openai-key" in config_text
+
+    panel.tid("provider-row-embedding-emb").get_by_test_id("provider-delete").click()
+    panel.tid("confirm-dialog").get_by_test_id("dialog-submit").click()
+    expect(panel.tid("provider-row-embedding-emb")).to_have_count(0)
+
+    # A refused change shows the API's error message (oa is still used by model mappings).
+    panel.tid("provider-row-llm-oa").get_by_test_id("provider-delete").click()
+    panel.tid("confirm-dialog").get_by_test_id("dialog-submit").click()
+    expect(page.get_by_role("alert").filter(has_text="models[")).to_contain_text("oa")
+    expect(panel.tid("provider-row-llm-oa")).to_be_visible()
+    assert "upstream-openai-key" in pathlib.Path(proxy.config_path).read_text()
+
+    # Model mappings: create one, see it in order before "*", delete it.
+    panel.nav("models", "models-table")
+    panel.tid("model-new").click()
+    dialog = panel.tid("model-dialog")
+    dialog.locator("input[name=name]").fill("panel-model")
+    dialog.locator("input[name=upstream_model]").fill("real-name")
+    dialog.locator("select[name=inject_mode]").select_option("system_prepend")
+    dialog.get_by_test_id("dialog-submit").click()
+    expect(dialog).to_have_count(0)
+    new_row = panel.tid("model-row-panel-model")
+    expect(new_row).to_contain_text("real-name")
+    expect(new_row).to_contain_text("system_prepend")
+    names = panel.tid("models-table").locator("tbody th").all_inner_texts()
+    assert names[-1] == "*" and "panel-model" in names, names
+    panel.shot("models")
+    new_row.get_by_test_id("model-delete").click()
+    panel.tid("confirm-dialog").get_by_test_id("dialog-submit").click()
+    expect(panel.tid("model-row-panel-model")).to_have_count(0)
+
+
+def test_kb_upload_search_chat_logs_dashboard(panel, tmp_path):
+    import openai
+
+    page, proxy = panel.page, panel.proxy
+    panel.login()
+
+    # Create a knowledge base.
+    panel.nav("kbs", "page-kbs")
+    panel.tid("kb-new").click()
+    dialog = panel.tid("kb-dialog")
+    dialog.locator("input[name=name]").fill("notes")
+    dialog.locator("select[name=retrieval]").select_option("lexical")
+    dialog.locator("input[name=chunk_size]").fill("128")
+    dialog.get_by_test_id("dialog-submit").click()
+    expect(dialog).to_have_count(0)
+    expect(panel.tid("page-title")).to_have_text("notes")
+
+    # Upload a markdown file and a zip archive through the file input.
+    panel.tid("upload-files").set_input_files([
+        {"name": "guide.md", "mimeType": "text/markdown", "buffer": GUIDE_MD},
+        {"name": "handbook.zip", "mimeType": "application/zip", "buffer": _archive()},
+    ])
+    result = panel.tid("upload-result")
+    expect(result).to_contain_text("Stored 3 files")
+    expect(result).to_contain_text("guide.md")
+    expect(result).to_contain_text("deploy.md")
+
+    # Indexing runs in the background; the panel polls until the files have chunks.
+    files = panel.tid("files-table")
+    for name in ("guide.md", "deploy.md", "faq.txt"):
+        expect(files.get_by_test_id("file-row").filter(has_text=name)).to_have_count(1, timeout=INDEX_TIMEOUT_MS)
+    guide_row = files.get_by_test_id("file-row").filter(has_text="guide.md")
+    expect(guide_row.get_by_test_id("file-chunks")).to_have_text(re.compile(r"^[1-9]\d*$"), timeout=INDEX_TIMEOUT_MS)
+    expect(panel.tid("kb-summary").get_by_test_id("kb-chunks")).not_to_have_text("0", timeout=INDEX_TIMEOUT_MS)
+    panel.shot("kb-documents")
+
+    # A folder through the folder input: the relative path travels as the multipart filename.
+    folder = tmp_path / "project"
+    (folder / "src").mkdir(parents=True)
+    (folder / "src" / "runbook.md").write_bytes(b"# Runbook\n\nRestart the quuxinator with systemctl.\n")
+    panel.tid("upload-folder").set_input_files(folder)
+    expect(result).to_contain_text("Stored 1 file")
+    expect(panel.tid("upload-stored")).to_contain_text("src/runbook.md")
+    runbook = files.get_by_test_id("file-row").filter(has_text="runbook.md")
+    expect(runbook).to_have_count(1, timeout=INDEX_TIMEOUT_MS)
+    runbook.get_by_test_id("file-delete").click()
+    panel.tid("confirm-dialog").get_by_test_id("dialog-submit").click()
+    expect(runbook).to_have_count(0)
+    # Until the re-index finishes the index still lists it (under its storage path); then it is gone.
+    expect(files.get_by_test_id("file-row")).to_have_count(3, timeout=INDEX_TIMEOUT_MS)
+
+    # Drag and drop onto the zone (a script-made DataTransfer has files but no entries).
+    zone = panel.tid("dropzone")
+    zone.dispatch_event("dragenter", {"dataTransfer": page.evaluate_handle("new DataTransfer()")})
+    expect(zone).to_have_class(re.compile(r"\bover\b"))
+    dropped = page.evaluate_handle("""() => {
+        const dt = new DataTransfer();
+        dt.items.add(new File(['# Dropped note\\n\\nDropped files are indexed too.\\n'], 'dropped.md', {type: 'text/markdown'}));
+        return dt; }""")
+    zone.dispatch_event("drop", {"dataTransfer": dropped})
+    expect(zone).not_to_have_class(re.compile(r"\bover\b"))
+    expect(result).to_contain_text("Stored 1 file")
+    expect(panel.tid("upload-stored")).to_contain_text("dropped.md")
+    expect(files.get_by_test_id("file-row").filter(has_text="dropped.md")).to_have_count(1, timeout=INDEX_TIMEOUT_MS)
+
+    # A file's chunks, paged in a dialog; untrusted text shows as text.
+    files.get_by_test_id("file-row").filter(has_text="faq.txt").get_by_test_id("file-open").click()
+    chunks = panel.tid("chunk-dialog")
+    expect(chunks.get_by_test_id("chunk-item").first).to_contain_text("<script>alert(1)</script>")
+    assert chunks.locator("script").count() == 0
+    page.keyboard.press("Escape")
+    expect(chunks).to_have_count(0)
+    guide_row.get_by_test_id("file-open").click()
+    expect(panel.tid("chunk-dialog").get_by_test_id("chunk-item").first).to_contain_text("zanzibarquux")
+    expect(panel.tid("chunk-range")).to_contain_text("of")
+    panel.shot("kb-chunks")
+    page.keyboard.press("Escape")
+
+    # Retrieval test: a hit with the query term highlighted.
+    panel.tid("tab-search").click()
+    panel.tid("search-query").fill("zanzibarquux rotation schedule")
+    panel.tid("search-query").press("Enter")
+    hits = panel.tid("search-results").get_by_test_id("hit-row")
+    expect(hits.first).to_be_visible()
+    expect(hits.first.get_by_test_id("hit-source")).to_contain_text("guide.md")
+    marks = [m.lower() for m in panel.tid("search-results").locator("mark").all_inner_texts()]
+    assert "zanzibarquux" in marks, marks
+    assert any(m.startswith("rotat") for m in marks), marks
+    panel.shot("kb-search")
+
+    # KB list with counts.
+    panel.nav("kbs", "kbs-table")
+    expect(panel.tid("kb-row-notes").get_by_test_id("kb-chunks")).not_to_have_text("0")
+    panel.shot("kbs")
+
+    # Route gpt-* through the new KB in the model mappings.
+    panel.nav("models", "models-table")
+    panel.tid("model-row-gpt-*").get_by_test_id("model-edit").click()
+    dialog = panel.tid("model-dialog")
+    dialog.get_by_test_id("choices-kb").get_by_label("notes").check()
+    dialog.get_by_test_id("dialog-submit").click()
+    expect(dialog).to_have_count(0)
+    expect(panel.tid("model-row-gpt-*")).to_contain_text("notes")
+
+    # A real chat request through the proxy.
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
+    reply = client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "What is the zanzibarquux rotation schedule?"}])
+    assert reply.choices[0].message.content
+
+    # It shows in the request log with outcome "retrieved".
+    panel.nav("logs", "logs-filters")
+
+    def logged():
+        panel.tid("logs-refresh").click()
+        expect(panel.tid("log-row")).to_have_count(1, timeout=1000)
+    eventually(logged)
+    row = panel.tid("log-row").first
+    expect(row.get_by_test_id("log-model")).to_have_text("gpt-4o")
+    expect(row.get_by_test_id("log-outcome")).to_have_text("retrieved")
+    expect(row).to_contain_text("notes")
+    panel.tid("logs-outcome").select_option("no_match")
+    expect(panel.tid("logs-table-empty")).to_be_visible()
+    panel.tid("logs-outcome").select_option("retrieved")
+    expect(panel.tid("log-row")).to_have_count(1)
+    panel.shot("logs")
+
+    panel.tid("log-row").first.get_by_test_id("log-link").click()
+    detail = panel.tid("log-detail")
+    expect(detail).to_contain_text("gpt-4o")
+    expect(detail.locator("[data-field=endpoint]")).to_contain_text("chat")
+    expect(panel.tid("log-chunk").first).to_contain_text("zanzibarquux")
+    panel.shot("log-detail", full_page=True)
+
+    # The dashboard counts it.
+    panel.nav("dashboard", "stat-requests")
+    value = panel.tid("stat-requests-value").inner_text()
+    assert int(value.replace(",", "")) >= 1, value
+    expect(panel.tid("stat-hit-rate-value")).not_to_have_text("0%")
+    expect(panel.tid("chart-trend")).to_be_visible()
+    expect(panel.tid("chart-models")).to_contain_text("gpt-4o")
+    expect(panel.tid("outcomes")).to_contain_text("retrieved")
+    panel.shot("dashboard", full_page=True)
+
+
+def test_settings_validation_error_then_save(panel):
+    page, proxy = panel.page, panel.proxy
+    config_path = pathlib.Path(proxy.config_path)
+    original = config_path.read_bytes()
+    panel.login()
+    panel.nav("settings", "settings-editor")
+    editor = panel.tid("settings-editor")
+    text = editor.input_value()
+    assert text == original.decode("utf-8")
+
+    # An unknown key: the error names its line, the line is marked, nothing is written.
+    base = text if text.endswith("\n") else text + "\n"
+    bad_line = base.count("\n") + 1
+    editor.fill(base + "not_a_setting: true\n")
+    panel.tid("settings-validate").click()
+    errors = panel.tid("settings-errors")
+    expect(errors).to_contain_text(f"Line {bad_line}")
+    expect(errors).to_contain_text("not_a_setting")
+    expect(panel.tid("settings-gutter").locator(f"[data-line='{bad_line}']")).to_have_class("bad")
+    panel.shot("settings-error")
+
+    panel.tid("settings-save").click()
+    expect(errors).to_contain_text("not changed")
+    expect(errors).to_contain_text(f"Line {bad_line}")
+    assert config_path.read_bytes() == original
+
+    # Jumping to the line selects it in the editor.
+    errors.get_by_test_id("settings-error-line").first.click()
+    expect(editor).to_be_focused()
+    assert page.evaluate("(() => { const t = document.getElementById('settings-editor');"
+                         " return t.value.slice(t.selectionStart, t.selectionEnd); })()") == "not_a_setting: true"
+
+    # A valid edit saves; the previous file is kept as the backup.
+    editor.fill("# edited in the admin panel\n" + text)
+    panel.tid("settings-validate").click()
+    expect(panel.tid("settings-status")).to_contain_text("Valid")
+    expect(errors).to_be_empty()
+    panel.tid("settings-save").click()
+    expect(panel.tid("settings-status")).to_contain_text("Saved")
+    backup = panel.tid("settings-backup").inner_text()
+    assert config_path.read_text().startswith("# edited in the admin panel\n")
+    assert pathlib.Path(backup).read_bytes() == original
+    panel.shot("settings")
