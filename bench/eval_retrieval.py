@@ -214,6 +214,8 @@ def write_config(path, args, embed_url):
     ]
     if args.compact:
         lines.append(f"    compact: {args.compact}")
+    if args.fusion:
+        lines.append(f"    fusion: {args.fusion}")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -349,7 +351,7 @@ def run_eval(args, embed_url=None):
                 "params": {"k1": args.k1, "b": args.b, "strategy": args.strategy, "chunk_size": args.chunk_size,
                            "chunk_overlap": args.chunk_overlap, "top_k": args.top_k,
                            "lexical_weight": args.lexical_weight, "dense_weight": args.dense_weight,
-                           "compact": args.compact or None,
+                           "compact": args.compact or None, "fusion": args.fusion or "default",
                            "embed_model": args.embed_model if mode != "lexical" else None},
                 "ragproxy": ragproxy.version_text(),
             })
@@ -393,8 +395,10 @@ def _parse_args(argv):
                    help="chunking strategy (default auto)")
     p.add_argument("--chunk-size", type=int, default=256, help="chunk size in estimated tokens (default 256)")
     p.add_argument("--chunk-overlap", type=int, default=32, help="chunk overlap (default 32)")
-    p.add_argument("--lexical-weight", type=float, default=1.0, help="hybrid RRF weight of BM25 (default 1)")
-    p.add_argument("--dense-weight", type=float, default=1.0, help="hybrid RRF weight of vectors (default 1)")
+    p.add_argument("--lexical-weight", type=float, default=1.0, help="hybrid fusion weight of BM25 (default 1)")
+    p.add_argument("--dense-weight", type=float, default=1.0, help="hybrid fusion weight of vectors (default 1)")
+    p.add_argument("--fusion", choices=("zscore", "rrf"), default="",
+                   help="knowledge_bases.*.fusion (default: ragproxy's, zscore)")
     p.add_argument("--compact", default="", help="knowledge_bases.*.compact (e.g. float16)")
     p.add_argument("--embed-url", help="OpenAI-compatible embeddings base URL ending in /v1")
     p.add_argument("--start-embed-server", action="store_true",

@@ -372,6 +372,8 @@ def test_openapi_document_lists_every_route(admin_proxy):
     for route in ragproxy._ADMIN_ROUTES:
         assert route.method.lower() in doc["paths"]["/admin/api/" + route.pattern]
     assert doc["paths"]["/admin/api/login"]["post"]["security"] == []
+    from openapi_spec_validator import validate
+    validate(doc)  # raises on anything OpenAPI 3.1 does not allow
 
 
 def test_readme_lists_every_endpoint():

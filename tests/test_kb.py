@@ -187,6 +187,40 @@ def test_rrf_fusion_is_weighted_reciprocal_rank():
     assert fused[0][2] == {"lexical": 5.0, "dense": 0.9, "rrf": fused[0][1]}
 
 
+def test_zscore_fusion_scales_each_list_by_its_own_distribution():
+    lexical = [(1, 12.0), (2, 8.0), (3, 4.0)]          # mean 8, sd 3.266
+    dense = [(3, 0.90), (4, 0.80), (2, 0.70)]          # mean 0.8, sd 0.0816
+    fused = ragproxy._zscore_fusion([("lexical", lexical, 1.0), ("dense", dense, 2.0)])
+    scale = lambda s, mean, sd: (s - (mean - 3 * sd)) / (6 * sd)  # noqa: E731
+    sd_l, sd_d = (32 / 3) ** 0.5, (0.02 / 3) ** 0.5
+    want = {1: scale(12, 8, sd_l), 2: scale(8, 8, sd_l) + 2 * scale(0.7, 0.8, sd_d),
+            3: scale(4, 8, sd_l) + 2 * scale(0.9, 0.8, sd_d), 4: 2 * scale(0.8, 0.8, sd_d)}
+    assert [row for row, _, _ in fused] == sorted(want, key=lambda r: -want[r])
+    for row, value, detail in fused:
+        assert value == pytest.approx(want[row]) and detail["fused"] == value
+    assert fused[0][0] == 3  # strong in dense (weight 2), weak in lexical
+    # A list with one score (sd 0) must not divide by zero.
+    assert ragproxy._zscore_fusion([("lexical", [(7, 3.0)], 1.0), ("dense", [], 1.0)])[0][0] == 7
+
+
+def test_hybrid_top_k_is_a_prefix_of_a_deeper_search(tmp_path, fake):
+    import random
+    rng = random.Random(7)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    docs = tmp_path / "documents" / "kb"
+    docs.mkdir(parents=True)
+    for i in range(300):
+        (docs / f"d{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(30)))
+    provider = ragproxy.Provider(name="emb", type="openai", base_url=fake.url + "/v1", model="m")
+    embedder = ragproxy.EmbeddingClient(provider, ragproxy.make_http_pool())
+    kb = ragproxy.KnowledgeBase(ragproxy.KBSpec(name="kb", retrieval="hybrid", embedding="emb", chunk_size=64),
+                                str(tmp_path), embedder=embedder)
+    kb.index()
+    deep = [h.id for h in kb.search("gamma delta kappa", top_k=250)]
+    for k in (1, 5, 20, 100):
+        assert [h.id for h in kb.search("gamma delta kappa", top_k=k)] == deep[:k]
+
+
 def test_sigkill_during_indexing_never_leaves_a_broken_kb(tmp_path):
     """Kill `ragproxy.py index` at random moments; every time the KB must load and answer."""
     import random

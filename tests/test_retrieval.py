@@ -197,7 +197,7 @@ def test_dense_hybrid_with_an_embedding_server(make_proxy, fake, data_dir):
     p.app.knowledge_bases.index_all()
     assert any(r.path == "/v1/embeddings" for r in fake.requests)
     hits = p.app.knowledge_bases.get("vec").search("purple elephant midnight", 2)
-    assert set(hits[0].scores) == {"lexical", "dense", "rrf"}
+    assert set(hits[0].scores) == {"lexical", "dense", "fused"}  # default fusion: zscore
     reply = _openai(p).chat.completions.create(model="llama3", messages=[
         {"role": "user", "content": "what does the purple elephant do"}])
     assert reply.choices[0].message.content == "FOUND: " + SECRET
