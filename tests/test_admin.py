@@ -277,18 +277,40 @@ def test_kb_lifecycle_search_and_chunks(admin_proxy):
     assert "ops" not in ragproxy.Config.load(str(admin_proxy.config_path), environ={}).knowledge_bases
 
 
-@pytest.mark.parametrize("name", ["..", ".", "../etc", "a/b", "%2e%2e", "x" * 65, "-lead", "a%00b", "a%2Fb",
-                                  "%2E%2E%2Fconfig"])
+TRAVERSAL = ["..", ".", "../etc", "..%2F..%2Fconfig", "%2e%2e", "a%00b", "%2E%2E%2Fconfig", "C:%5Cwindows",
+             "%2Fetc", "%5C%5Cserver%5Cshare"]
+
+
+@pytest.mark.parametrize("name", TRAVERSAL + ["x" * 65, "-lead", "a%2Fb", "a b"])
 def test_path_traversal_in_kb_names_is_refused(admin_proxy, name):
     admin = admin_proxy.admin()
-    before = sorted(p.name for p in admin_proxy.data_dir.rglob("*"))
-    for method, path in (("GET", f"/admin/api/kbs/{name}"), ("DELETE", f"/admin/api/kbs/{name}"),
-                         ("GET", f"/admin/api/kbs/{name}/files"), ("POST", f"/admin/api/kbs/{name}/reindex")):
-        status, _, body = admin.request(method, path, body={} if method == "POST" else None)
-        assert status in (400, 404) and "error" in body, (method, path, status)
+    admin.post("/admin/api/kbs", {"name": "docs"})
+    _wait(lambda: admin.get("/admin/api/kbs/docs")[2]["state"] == "idle")  # the indexer is done with it
+    before = _tree(admin_proxy.data_dir)
+    endpoints = [("GET", f"/admin/api/kbs/{name}"), ("DELETE", f"/admin/api/kbs/{name}"),
+                 ("PUT", f"/admin/api/kbs/{name}"), ("GET", f"/admin/api/kbs/{name}/files"),
+                 ("POST", f"/admin/api/kbs/{name}/reindex"), ("POST", f"/admin/api/kbs/{name}/search")]
+    if name in TRAVERSAL:  # other names are fine for providers and models, just not there
+        endpoints += [("DELETE", f"/admin/api/providers/llm/{name}"), ("PUT", f"/admin/api/models/{name}")]
+    for method, path in endpoints:
+        status, _, body = admin.request(method, path.replace(" ", "%20"),
+                                        body={} if method in ("POST", "PUT") else None)
+        assert status == 400 and body["error"]["code"] == "invalid_name", (method, path, status, body)
     status, _, body = admin.post("/admin/api/kbs", {"name": urllib_unquote(name)})
     assert status == 400
-    assert sorted(p.name for p in admin_proxy.data_dir.rglob("*")) == before
+    if name in TRAVERSAL:  # and in file names (query parameters) of an existing KB
+        plain = urllib_unquote(name)
+        for source in [plain] + (["docs/" + plain + "/x.md"] if plain.split("/")[0] in (".", "..") else []):
+            for method, path in (("GET", "/admin/api/kbs/docs/chunks?source="),
+                                 ("DELETE", "/admin/api/kbs/docs/files?source=")):
+                status, _, body = admin.request(method, path + urllib_quote(source))
+                assert status == 400, (method, path, source, body)
+    assert _tree(admin_proxy.data_dir) == before
+
+
+def urllib_quote(text):
+    import urllib.parse
+    return urllib.parse.quote(text, safe="")
 
 
 def urllib_unquote(text):
@@ -304,7 +326,7 @@ def test_only_uploaded_files_can_be_deleted(admin_proxy):
     _wait_indexed(admin, "ops", 1)
     for source in ("ops/runbook.md", "ops/../../config/config.yaml", "../x", ""):
         status, _, body = admin.delete("/admin/api/kbs/ops/files?source=" + source)
-        assert status == 400 and body["error"]["code"] == "not_uploaded"
+        assert status == 400 and body["error"]["code"] in ("not_uploaded", "invalid_name")
     assert (admin_proxy.data_dir / "documents" / "ops" / "runbook.md").exists()
     assert admin_proxy.config_path.exists()
 

@@ -538,6 +538,19 @@ def test_compact_copy_recall_and_exact_scores(tmp_path, mode, kind):
     assert hits / total >= 0.95
 
 
+def test_compact_scan_on_several_threads_matches_the_plain_product():
+    if ragproxy._np is None:
+        pytest.skip("numpy disabled")
+    np = ragproxy._np
+    rng = np.random.default_rng(3)
+    n = 3 * ragproxy._SCAN_PARALLEL_ROWS + 1234  # several slices, ragged block ends
+    compact = rng.integers(-127, 128, size=(n, 6), dtype=np.int8)
+    query = rng.standard_normal(6).astype(np.float32)
+    scores = np.full(n, np.nan, dtype=np.float32)
+    ragproxy._compact_scan(compact, query, scores)
+    assert np.allclose(scores, compact.astype(np.float32) @ query, rtol=1e-5, atol=1e-4)
+
+
 # --- crash safety ---------------------------------------------------------------------
 
 STATE_SRC = r'''
