@@ -1606,9 +1606,10 @@ class ConfigFile:
 
 
 # === 4. Upstream HTTP client ===
-# Keep-alive connections to the LLM servers.  urllib3 when present, else a small
-# http.client pool; both expose the same UpstreamResponse so the proxy core
-# never sees which one is in use.  Streaming reads use read1(): read(n) would
+# Keep-alive connections to the LLM servers: our own small HTTP/1.1 client for
+# http:// (the local model servers), urllib3 for https:// when present, else
+# http.client.  All expose the same UpstreamResponse, so the proxy core never
+# sees which one is in use.  Streaming reads use read1(): read(n) would
 # block until n bytes arrived and starve the client of events.
 
 _READ_SIZE = 65536
@@ -1754,8 +1755,13 @@ class _HTTPClientPool:
         def abort():
             _close_quietly(conn)
 
-        return UpstreamResponse(resp.status, resp.reason, resp.getheaders(),
-                                lambda: resp.read1(_READ_SIZE), release, abort)
+        def read1():
+            data = resp.read1(_READ_SIZE)
+            if not data and resp.length:  # http.client ends a short Content-Length body quietly
+                raise ConnectionError(f"response body ended {resp.length} bytes early")
+            return data
+
+        return UpstreamResponse(resp.status, resp.reason, resp.getheaders(), read1, release, abort)
 
     def close(self):
         with self._lock:
@@ -1775,6 +1781,195 @@ def _close_quietly(conn):
             sock.shutdown(socket.SHUT_RDWR)  # close() alone does not interrupt a blocked recv()
     with contextlib.suppress(Exception):
         conn.close()
+
+
+class _SocketPool:
+    """Keep-alive HTTP/1.1 over plain sockets, for ``http://`` upstreams.
+
+    A local model server on loopback is the common upstream, and there the
+    client library is most of the proxy's cost: http.client parses every
+    response's headers with the email package and sends head and body in
+    separate writes.  This writes each request in one ``sendall`` and reads
+    the response with a BufferedReader's C-level readline and read1.
+    """
+
+    _MAX_LINE = 65536
+    _MAX_HEADERS = 200
+
+    def __init__(self, maxsize=32):
+        self._idle = collections.defaultdict(list)
+        self._lock = threading.Lock()
+        self._maxsize = maxsize
+
+    def request(self, method, url, headers, body, connect_timeout, read_timeout):
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port or 80
+        key = (host, port)
+        target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        lines = [f"{method} {target} HTTP/1.1"]
+        if "host" not in headers:
+            lines.append("Host: " + parts.netloc.rpartition("@")[2])
+        if body is not None and "content-length" not in headers:
+            lines.append(f"Content-Length: {len(body)}")
+        for name, value in headers.items():
+            if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+                raise UpstreamError("unreachable", f"header {name!r} holds a line break; not sent")
+            lines.append(f"{name}: {value}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
+        payload = head + body if body and len(body) < _READ_SIZE else head
+        for attempt in (0, 1):
+            conn, reused = None, False
+            with self._lock:
+                if self._idle[key]:
+                    conn, reused = self._idle[key].pop(), True
+            if conn is None:
+                try:
+                    sock = socket.create_connection(key, timeout=connect_timeout)
+                except OSError as exc:
+                    raise UpstreamError("unreachable", f"cannot connect to {host}:{port}: {exc}") from None
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn = (sock, sock.makefile("rb", _READ_SIZE))
+            sock, rfile = conn
+            try:
+                sock.settimeout(read_timeout)
+                sock.sendall(payload)
+                if body and payload is head:
+                    sock.sendall(body)
+                version, status, reason, response_headers = self._read_head(rfile)
+            except (socket.timeout, TimeoutError):
+                self._discard(conn)
+                raise UpstreamError("timeout", f"upstream {host}:{port} did not answer "
+                                               f"within {read_timeout:g} s") from None
+            except (OSError, ValueError, _StaleConnection) as exc:
+                self._discard(conn)
+                # Only a pooled connection that the server closed while idle, failing
+                # before a byte of answer, is retried: anything else might run a POST twice.
+                stale = isinstance(exc, (_StaleConnection, BrokenPipeError, ConnectionResetError))
+                if reused and attempt == 0 and stale:
+                    continue
+                raise UpstreamError("unreachable", f"{host}:{port} dropped the connection: "
+                                                   f"{exc or 'closed without answering'}") from None
+            return self._response(conn, key, method, version, status, reason, response_headers)
+        raise AssertionError("unreachable")
+
+    def _read_head(self, rfile):
+        """``(version, status, reason, headers)`` of the final response, interim 1xx skipped."""
+        while True:
+            line = rfile.readline(self._MAX_LINE + 1)
+            if not line:
+                raise _StaleConnection()
+            version, _, rest = line.decode("latin-1").rstrip("\r\n").partition(" ")
+            code, _, reason = rest.partition(" ")
+            if not version.startswith("HTTP/") or len(code) != 3 or not code.isdigit():
+                raise ValueError(f"not an HTTP response: {line[:80]!r}")
+            headers = []
+            while True:
+                line = rfile.readline(self._MAX_LINE + 1)
+                if line in (b"\r\n", b"\n"):
+                    break
+                if not line or len(line) > self._MAX_LINE or len(headers) >= self._MAX_HEADERS:
+                    raise ValueError("response headers are cut short or too large")
+                name, sep, value = line.decode("latin-1").partition(":")
+                if not sep:
+                    raise ValueError(f"malformed response header line {line[:80]!r}")
+                headers.append((name.strip(), value.strip()))
+            status = int(code)
+            if 100 <= status < 200 and status != 101:
+                continue  # 100 Continue and other interim answers come before the real one
+            return version, status, reason, headers
+
+    def _response(self, conn, key, method, version, status, reason, headers):
+        rfile = conn[1]
+        connection = _header_value(headers, "connection", "").lower()
+        keep = ("close" not in connection) if version != "HTTP/1.0" else ("keep-alive" in connection)
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            body = _FixedBody(rfile, 0)
+        elif "chunked" in _header_value(headers, "transfer-encoding", "").lower():
+            body = _ChunkedBody(rfile)
+        elif _header_value(headers, "content-length", "").strip().isdigit():
+            body = _FixedBody(rfile, int(_header_value(headers, "content-length")))
+        else:
+            body, keep = _FixedBody(rfile, None), False  # delimited by the server closing
+
+        def release():
+            if keep and body.complete:
+                with self._lock:
+                    if len(self._idle[key]) < self._maxsize:
+                        self._idle[key].append(conn)
+                        return
+            self._discard(conn)
+
+        return UpstreamResponse(status, reason, headers, body.read1, release, lambda: self._discard(conn))
+
+    @staticmethod
+    def _discard(conn):
+        sock, rfile = conn
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it; close() alone does not
+        with contextlib.suppress(OSError):
+            rfile.close()
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    def close(self):
+        with self._lock:
+            for conns in self._idle.values():
+                for conn in conns:
+                    self._discard(conn)
+            self._idle.clear()
+
+
+class _StaleConnection(Exception):
+    """The server closed a pooled connection before answering."""
+
+
+class _FixedBody:
+    """A body of known length (``None``: until the server closes)."""
+
+    def __init__(self, rfile, length):
+        self.rfile, self.left, self.complete = rfile, length, length == 0
+
+    def read1(self):
+        if self.left == 0:
+            self.complete = True
+            return b""
+        data = self.rfile.read1(_READ_SIZE if self.left is None else min(self.left, _READ_SIZE))
+        if self.left is None:
+            return data
+        if not data:
+            raise ConnectionError(f"response body ended {self.left} bytes early")
+        self.left -= len(data)
+        return data
+
+
+class _ChunkedBody:
+    """A chunked body, handed on as soon as each piece arrives."""
+
+    def __init__(self, rfile):
+        self.rfile, self.left, self.complete = rfile, 0, False
+
+    def read1(self):
+        if self.complete:
+            return b""
+        if self.left == 0:
+            line = self.rfile.readline(1026)
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise ConnectionError(f"malformed chunk size line {line[:40]!r}") from None
+            if size == 0:
+                while self.rfile.readline(8194).strip():  # trailers, ignored
+                    pass
+                self.complete = True
+                return b""
+            self.left = size
+        data = self.rfile.read1(min(self.left, _READ_SIZE))
+        if not data:
+            raise ConnectionError("chunked response body ended early")
+        self.left -= len(data)
+        if self.left == 0 and self.rfile.read(2) != b"\r\n":
+            raise ConnectionError("malformed chunked response body")
+        return data
 
 
 class _Urllib3Pool:
@@ -1810,17 +2005,18 @@ class _Urllib3Pool:
 
 
 class _SchemePool:
-    """Plain-HTTP upstreams through http.client, HTTPS through urllib3.
+    """Plain-HTTP upstreams over our own sockets; HTTPS through urllib3 (else http.client).
 
     Measured with bench/proxy_overhead.py, urllib3 costs ~150 us more CPU per
-    request than http.client; for a local model server on loopback that is
-    half of the proxy's whole overhead.  Its TLS and connection handling earn
-    their keep on HTTPS gateways, so it serves those.
+    request than http.client, and http.client ~140 us more than _SocketPool;
+    for a local model server on loopback that is most of the proxy's
+    overhead.  TLS, proxies and certificate handling earn a library's keep on
+    HTTPS gateways, so one serves those.
     """
 
     def __init__(self, maxsize=32):
-        self._plain = _HTTPClientPool(maxsize)
-        self._tls = _Urllib3Pool(maxsize)
+        self._plain = _SocketPool(maxsize)
+        self._tls = _Urllib3Pool(maxsize) if _urllib3 is not None else _HTTPClientPool(maxsize)
 
     def request(self, method, url, headers, body, connect_timeout, read_timeout):
         pool = self._tls if url[:6].lower() == "https:" else self._plain
@@ -1832,8 +2028,8 @@ class _SchemePool:
 
 
 def make_http_pool(maxsize=32):
-    """The upstream connection pool: urllib3 for HTTPS when present, http.client otherwise."""
-    return _SchemePool(maxsize) if _urllib3 is not None else _HTTPClientPool(maxsize)
+    """The upstream connection pool (see _SchemePool)."""
+    return _SchemePool(maxsize)
 
 
 # === 5. Array files ===

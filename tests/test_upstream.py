@@ -1,0 +1,229 @@
+"""The upstream HTTP client (section 4) against a scripted raw-socket server.
+
+Every case runs on each pool the proxy may use for a plain-HTTP upstream: our
+own socket client (the default) and the http.client fallback (which serves
+HTTPS when urllib3 is absent), so both keep the same contract.
+"""
+import socket
+import threading
+import time
+
+import pytest
+
+import ragproxy
+
+
+class ScriptedServer:
+    """Accepts connections; ``script(n, conn, request)`` answers the n-th request on a connection."""
+
+    def __init__(self, script):
+        self.script = script
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.connections = 0
+        self.requests = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn, self.connections), daemon=True).start()
+
+    def _serve(self, conn, number):
+        rfile = conn.makefile("rb")
+        try:
+            while True:
+                line = rfile.readline()
+                if not line:
+                    return
+                headers = {}
+                while True:
+                    h = rfile.readline()
+                    if h in (b"\r\n", b""):
+                        break
+                    name, _, value = h.decode().partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                body = rfile.read(int(headers.get("content-length", "0")))
+                request = {"line": line.decode().strip(), "headers": headers, "body": body, "conn": number}
+                self.requests.append(request)
+                if self.script(len(self.requests), conn, request) == "close":
+                    return
+        except OSError:
+            return
+        finally:
+            rfile.close()
+            conn.close()
+
+    def close(self):
+        self._stop = True
+        self.sock.close()
+
+
+@pytest.fixture(params=["socket", "http.client"])
+def pool(request):
+    made = ragproxy._SocketPool() if request.param == "socket" else ragproxy._HTTPClientPool()
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(script):
+        servers.append(ScriptedServer(script))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def call(pool, url, method="POST", body=b'{"x":1}', headers=None, read_timeout=5.0):
+    return pool.request(method, url, dict({"content-type": "application/json"}, **(headers or {})),
+                        body, 2.0, read_timeout)
+
+
+def test_content_length_body_and_keep_alive(pool, serve):
+    server = serve(lambda n, conn, req: conn.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Up: %d\r\nContent-Length: 11\r\n\r\n{\"n\": %04d}"
+        % (n, n)))
+    for n in (1, 2, 3):
+        resp = call(pool, server.url + "/v1/chat?x=1")
+        assert resp.status == 200 and resp.header("x-up") == str(n) and resp.read_all() == b'{"n": %04d}' % n
+    assert server.connections == 1  # pooled
+    first = server.requests[0]
+    assert first["line"] == "POST /v1/chat?x=1 HTTP/1.1" and first["body"] == b'{"x":1}'
+    assert first["headers"]["host"] == server.url.split("//")[1]
+
+
+def test_chunked_pieces_arrive_as_they_are_sent(pool, serve):
+    def script(n, conn, req):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(3):
+            event = b"data: %d\n\n" % i
+            conn.sendall(b"%x;ext=1\r\n%s\r\n" % (len(event), event))
+            time.sleep(0.15)
+        conn.sendall(b"0\r\nX-Trailer: t\r\n\r\n")
+    server = serve(script)
+    resp = call(pool, server.url + "/s")
+    started, got = time.monotonic(), []
+    while True:
+        data = resp.read1()
+        if not data:
+            break
+        got.append((data, time.monotonic() - started))
+    assert b"".join(d for d, _ in got) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    assert got[0][1] < 0.1  # the first event did not wait for the rest
+    call(pool, server.url + "/again").read_all()
+    assert server.connections == 1  # a complete chunked body leaves the connection reusable
+
+
+def test_interim_100_continue_head_204_and_close_delimited(pool, serve):
+    def script(n, conn, req):
+        if n == 1:
+            conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")
+        elif n == 2:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n")  # HEAD: no body follows
+        elif n == 3:
+            conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+        else:
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end")
+            return "close"
+    server = serve(script)
+    resp = call(pool, server.url + "/a")
+    assert resp.status == 201 and resp.read_all() == b"ok"
+    resp = call(pool, server.url + "/b", method="HEAD", body=None)
+    assert resp.status == 200 and resp.read_all() == b""
+    resp = call(pool, server.url + "/c", method="DELETE", body=None)
+    assert resp.status == 204 and resp.read_all() == b""
+    resp = call(pool, server.url + "/d")
+    assert resp.read_all() == b"until the end"
+    assert server.connections == 1
+    call(pool, server.url + "/e")  # the close-delimited answer was not pooled
+    assert server.connections == 2
+
+
+def test_a_pooled_connection_closed_while_idle_is_retried_once(pool, serve):
+    def script(n, conn, req):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n%d" % (n % 10))
+        return "close" if n == 1 else None  # the server drops the idle connection
+    server = serve(script)
+    assert call(pool, server.url + "/1").read_all() == b"1"
+    time.sleep(0.1)
+    assert call(pool, server.url + "/2").read_all() == b"2"
+    assert server.connections == 2 and len(server.requests) == 2
+
+
+def test_a_fresh_connection_that_drops_the_request_is_not_retried(pool, serve):
+    server = serve(lambda n, conn, req: "close")  # reads the POST, answers nothing
+    with pytest.raises(ragproxy.UpstreamError) as err:
+        call(pool, server.url + "/x")
+    assert err.value.kind == "unreachable"
+    assert len(server.requests) == 1  # a POST never runs twice
+
+
+def test_timeouts_and_truncated_bodies(pool, serve):
+    def script(n, conn, req):
+        if n == 1:
+            time.sleep(1.0)  # never answers in time
+            return "close"
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+        return "close"
+    server = serve(script)
+    with pytest.raises(ragproxy.UpstreamError) as err:
+        call(pool, server.url + "/slow", read_timeout=0.3)
+    assert err.value.kind == "timeout"
+    resp = call(pool, server.url + "/cut")
+    with pytest.raises(ragproxy.UpstreamError) as err:
+        resp.read_all()
+    assert err.value.kind == "unreachable"
+
+
+def test_unreachable_and_garbage(pool, serve):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = "http://127.0.0.1:%d" % s.getsockname()[1]
+    with pytest.raises(ragproxy.UpstreamError) as err:
+        call(pool, dead + "/x")
+    assert err.value.kind == "unreachable"
+    server = serve(lambda n, conn, req: (conn.sendall(b"SSH-2.0-OpenSSH\r\n\r\n"), "close")[1])
+    with pytest.raises(ragproxy.UpstreamError):
+        call(pool, server.url + "/x")
+
+
+def test_header_values_cannot_inject_lines(serve):
+    server = serve(lambda n, conn, req: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+    pool = ragproxy._SocketPool()
+    try:
+        with pytest.raises(ragproxy.UpstreamError):
+            call(pool, server.url + "/x", headers={"x-evil": "a\r\nInjected: 1"})
+        assert server.requests == []
+    finally:
+        pool.close()
+
+
+def test_closing_a_response_mid_body_stops_the_upstream(pool, serve):
+    stopped = threading.Event()
+
+    def script(n, conn, req):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        try:
+            for _ in range(200):
+                conn.sendall(b"5\r\nhello\r\n")
+                time.sleep(0.01)
+        except OSError:
+            stopped.set()
+        return "close"
+    server = serve(script)
+    resp = call(pool, server.url + "/gen")
+    assert resp.read1()
+    resp.close()
+    assert stopped.wait(3.0)  # the server saw the connection go away
