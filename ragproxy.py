@@ -1635,16 +1635,19 @@ def _header_value(pairs, name, default=None):
 class UpstreamResponse:
     """Status, headers and an incremental body of one upstream response."""
 
-    def __init__(self, status, reason, headers, read1, release, abort):
+    def __init__(self, status, reason, headers, read1, release, abort, index=None):
         self.status = status
         self.reason = reason
         self.headers = headers  # list of (name, value); names as the upstream sent them
+        self._index = index     # lower-case name -> first value, when the client built one
         self._read1 = read1
         self._release = release
         self._abort = abort
         self._done = False
 
     def header(self, name, default=""):
+        if self._index is not None:
+            return self._index.get(name.lower(), default)
         return _header_value(self.headers, name, default)
 
     def read1(self):
@@ -1862,7 +1865,7 @@ class _SocketPool:
             code, _, reason = rest.partition(" ")
             if not version.startswith("HTTP/") or len(code) != 3 or not code.isdigit():
                 raise ValueError(f"not an HTTP response: {line[:80]!r}")
-            headers = []
+            headers, index = [], {}
             while True:
                 line = rfile.readline(self._MAX_LINE + 1)
                 if line in (b"\r\n", b"\n"):
@@ -1872,22 +1875,26 @@ class _SocketPool:
                 name, sep, value = line.decode("latin-1").partition(":")
                 if not sep:
                     raise ValueError(f"malformed response header line {line[:80]!r}")
-                headers.append((name.strip(), value.strip()))
+                name, value = name.strip(), value.strip()
+                headers.append((name, value))
+                index.setdefault(name.lower(), value)
             status = int(code)
             if 100 <= status < 200 and status != 101:
                 continue  # 100 Continue and other interim answers come before the real one
-            return version, status, reason, headers
+            return version, status, reason, (headers, index)
 
-    def _response(self, conn, key, method, version, status, reason, headers):
+    def _response(self, conn, key, method, version, status, reason, head):
+        headers, index = head
         rfile = conn[1]
-        connection = _header_value(headers, "connection", "").lower()
+        connection = index.get("connection", "").lower()
         keep = ("close" not in connection) if version != "HTTP/1.0" else ("keep-alive" in connection)
+        length = index.get("content-length", "")
         if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             body = _FixedBody(rfile, 0)
-        elif "chunked" in _header_value(headers, "transfer-encoding", "").lower():
+        elif "chunked" in index.get("transfer-encoding", "").lower():
             body = _ChunkedBody(rfile)
-        elif _header_value(headers, "content-length", "").strip().isdigit():
-            body = _FixedBody(rfile, int(_header_value(headers, "content-length")))
+        elif length.isdigit():
+            body = _FixedBody(rfile, int(length))
         else:
             body, keep = _FixedBody(rfile, None), False  # delimited by the server closing
 
@@ -1899,7 +1906,7 @@ class _SocketPool:
                         return
             self._discard(conn)
 
-        return UpstreamResponse(status, reason, headers, body.read1, release, lambda: self._discard(conn))
+        return UpstreamResponse(status, reason, headers, body.read1, release, lambda: self._discard(conn), index)
 
     @staticmethod
     def _discard(conn):
