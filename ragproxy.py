@@ -11090,6 +11090,7 @@ class Admin:
 
     def test_provider(self, request, kind, name):
         self._existing_provider(kind, name)
+        _json_object(request)  # takes no fields, but a garbled body is still an error
         provider = self.app.config.providers[kind][name]
         started = time.perf_counter()
         status, error, detail = None, None, ""

@@ -594,3 +594,21 @@ def test_upload_to_a_missing_or_hostile_kb_name(admin_proxy):
         status, _, result = _upload(admin, kb, body, ctype)
         assert status in (400, 404), kb
     assert _tree(admin_proxy.data_dir) == before
+
+
+@pytest.mark.parametrize("route", [r for r in ragproxy._ADMIN_ROUTES if r.method in ("POST", "PUT")],
+                         ids=lambda r: f"{r.method} {r.pattern}")
+@pytest.mark.parametrize("body", [b"{", b"[1, 2]", b"\xff\xfe", b'"text"', b"null"], ids=["cut", "array", "binary",
+                                                                                        "string", "null"])
+def test_malformed_bodies_get_400_in_the_error_shape(admin_proxy, route, body):
+    admin = admin_proxy.admin()
+    admin.post("/admin/api/kbs", {"name": "docs"})
+    path = "/admin/api/" + route.pattern.format(kind="llm", name="oa" if "providers" in route.pattern else "%2A",
+                                                kb="docs", id="1")
+    config_before = admin_proxy.config_path.read_text()
+    ctype = "multipart/form-data; boundary=x" if route.handler == "upload" else "application/json"
+    status, _, reply = admin.request(route.method, path, raw=body, headers={"Content-Type": ctype})
+    assert status == 400, (route, body, reply)
+    assert isinstance(reply["error"]["message"], str) and reply["error"]["message"]
+    assert "Traceback" not in reply["error"]["message"]
+    assert admin_proxy.config_path.read_text() == config_before
