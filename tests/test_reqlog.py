@@ -3,6 +3,7 @@ import math
 import random
 import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -480,3 +481,23 @@ def test_query_text_logged_only_when_asked(make_proxy, fake, tmp_path):
         model="llama3", messages=[{"role": "user", "content": "purple elephant?"}])
     p.app.request_log.flush()
     assert p.app.request_log.query()[0]["query"] == "purple elephant?"
+
+
+def test_writer_waits_for_its_period_not_for_each_entry(tmp_path):
+    # Woken per entry, the writer competed with the request it was logging;
+    # now entries wait for the period, and flush() still writes at once.
+    with ragproxy.RequestLog(str(tmp_path / "slow.db"), write_interval=30.0) as rl:
+        rl.record({"model": "m", "status": 200})
+        time.sleep(0.1)
+        assert rl.written == 0          # the writer sleeps until its period ends...
+        started = time.monotonic()
+        assert rl.flush()               # ...unless someone needs the rows now
+        assert rl.written == 1 and time.monotonic() - started < 5.0
+        rl.record({"model": "m", "status": 200})
+    assert rl.written == 2              # close() writes what is queued
+    with ragproxy.RequestLog(str(tmp_path / "fast.db"), write_interval=0.05) as rl:
+        rl.record({"model": "m", "status": 200})
+        deadline = time.monotonic() + 10.0
+        while rl.written < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rl.written == 1          # and without a flush, once the period is over
