@@ -104,7 +104,7 @@ __all__ = [
     # 1-2. optional dependencies, YAML
     "__version__", "FEATURES", "YAMLError", "parse_yaml", "load_yaml", "dump_yaml",
     # 3-4. configuration, upstream HTTP
-    "Config", "ConfigError", "Provider", "ModelRoute", "DEFAULT_CONFIG_TEMPLATE", "DEFAULT_INJECT_TEMPLATE",
+    "Config", "ConfigError", "ConfigFile", "Provider", "ModelRoute", "DEFAULT_CONFIG_TEMPLATE", "DEFAULT_INJECT_TEMPLATE",
     "write_default_config", "DEFAULT_HOST", "DEFAULT_PORT", "UpstreamError", "UpstreamResponse", "make_http_pool",
     # 5-7. text analysis, documents, vector store
     "Analyzer", "BM25Index", "BM25_K1", "BM25_B", "stem_english", "ENGLISH_STOPWORDS", "Chunk", "Document",
@@ -118,13 +118,13 @@ __all__ = [
     "KBSpec", "KnowledgeBase", "Hit", "IndexReport",
     # 11-17. dialects, retrieval, proxy core
     "Endpoint", "ENDPOINTS", "KnowledgeBases", "Retriever", "RetrievalFailed", "Retrieved", "split_model_kbs",
-    "App", "Request", "Response", "StreamResponse", "Exchange", "ClientError", "make_server",
+    "App", "Request", "Response", "StreamResponse", "Exchange", "ClientError",
     # 18-19. uploads, admin API
     "Uploads", "UploadError", "UploadLimits", "UploadedPart", "ALLOWED_UPLOAD_EXTS", "ARCHIVE_EXTS",
     "parse_multipart", "safe_relative_path", "expand_archive", "ingest_upload", "read_manifest",
     "remove_document", "cleanup_staging", "Admin", "issue_token", "verify_token",
     # 20-21. server, command line
-    "ConfigFile", "ConfigWatcher", "version_text", "main",
+    "make_server", "ConfigWatcher", "version_text", "main",
 ]
 
 log = logging.getLogger("ragproxy")
@@ -10549,11 +10549,13 @@ class Uploads:
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    def ingest(self, stream, content_type, content_length, documents_dir):
+    def ingest(self, stream, content_type, content_length, documents_dir, limits=None):
         """Store one multipart upload in ``documents_dir``, all or nothing.
 
         Returns ``{"stored": [{name, stored_as, size, sha256}], "skipped": [{name, reason}]}``.
+        ``limits`` (default: this Uploads' own) lets a caller apply the config of the moment.
         """
+        limits = limits or self.limits
         documents_dir = os.path.abspath(documents_dir)
         created, path = [], documents_dir   # folders this upload makes, deepest first
         while not os.path.isdir(path) and os.path.dirname(path) != path:
@@ -10564,8 +10566,8 @@ class Uploads:
         os.mkdir(staging, 0o700)
         moved = []
         try:
-            parts = parse_multipart(stream, content_type, content_length, staging, self.limits)
-            files, skipped = self._expand(parts, staging)
+            parts = parse_multipart(stream, content_type, content_length, staging, limits)
+            files, skipped = self._expand(parts, staging, limits)
             with self._lock(documents_dir):
                 os.makedirs(documents_dir, exist_ok=True)
                 manifest, stored, now = read_manifest(documents_dir), [], self.clock()
@@ -10596,14 +10598,14 @@ class Uploads:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _expand(self, parts, staging):
-        budget = _Budget(self.limits)
+    def _expand(self, parts, staging, limits):
+        budget = _Budget(limits)
         files, skipped = [], []
         for part in parts:
             if part.path is None:
                 continue
             if _archive_kind(part.filename):
-                members, left_out = expand_archive(part.path, part.filename, staging, self.limits, budget)
+                members, left_out = expand_archive(part.path, part.filename, staging, limits, budget)
                 os.unlink(part.path)   # halves the staging space a large archive needs
                 files += members
                 skipped += left_out
@@ -11347,12 +11349,12 @@ class Admin:
         if request.stream is None:
             raise ClientError(400, "uploads need a request body (multipart/form-data)")
         caps = self.app.config.raw["uploads"]
-        self.uploads.limits = UploadLimits(max_file_bytes=caps["max_file_bytes"], max_files=caps["max_files"],
-                                           max_total_bytes=caps["max_total_bytes"], max_ratio=caps["max_ratio"])
+        limits = UploadLimits(max_file_bytes=caps["max_file_bytes"], max_files=caps["max_files"],
+                              max_total_bytes=caps["max_total_bytes"], max_ratio=caps["max_ratio"])
         length = request.headers.get("content-length", "")
         try:
             result = self.uploads.ingest(request.stream, request.headers.get("content-type", ""),
-                                         int(length) if length.isdigit() else None, kb.documents_dir)
+                                         int(length) if length.isdigit() else None, kb.documents_dir, limits)
         except UploadError as exc:
             raise ClientError(exc.status, exc.message, "upload_rejected") from None
         self.app.knowledge_bases.request_index(kb.spec.name)
