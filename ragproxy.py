@@ -5289,6 +5289,12 @@ class _Registry:
         self.live = collections.Counter()  # (root, generation name) -> open Generations
         self.writing = set()               # temp dirs of writers in this process
         self.root_locks = {}               # root -> threading.Lock for commits
+        # Generations are released by weakref finalizers, which the garbage
+        # collector may run inside any allocation, including one made while
+        # this thread holds self.lock: taking the lock there deadlocked (seen
+        # in CI).  So release() only queues (deque.append is atomic) and the
+        # queue is settled by whoever next holds the lock.
+        self._released = collections.deque()
 
     def root_lock(self, root):
         with self.lock:
@@ -5296,17 +5302,23 @@ class _Registry:
 
     def retain(self, key):
         with self.lock:
+            self._settle()
             self.live[key] += 1
 
     def release(self, key):
-        with self.lock:
+        self._released.append(key)
+
+    def _settle(self):
+        while self._released:
+            key = self._released.popleft()
             self.live[key] -= 1
             if self.live[key] <= 0:
                 del self.live[key]
 
     def open_names(self, root):
         with self.lock:
-            return {name for r, name in self.live if r == root}
+            self._settle()
+            return {name for r, name in list(self.live) if r == root}
 
 
 _REGISTRY = _Registry()
@@ -11555,13 +11567,21 @@ class _RequestHeaders:
     builds: the email package costs ~20-30 us per request for nothing we use.
     """
 
-    __slots__ = ("pairs",)
+    __slots__ = ("pairs", "merged", "size")
 
     def __init__(self, pairs):
         self.pairs = pairs  # [(name, value)], names as sent
+        # Lower-case name -> value, repeats joined by ", " (RFC 9110 5.3): built
+        # once here for both http.server's lookups and the app's Request.
+        merged, size = {}, 0
+        for name, value in pairs:
+            size += len(name) + len(value) + 4
+            key = name.lower()
+            merged[key] = merged[key] + ", " + value if key in merged else value
+        self.merged, self.size = merged, size
 
     def get(self, name, default=None):
-        return _header_value(self.pairs, name, default)
+        return self.merged.get(name.lower(), default)
 
     def items(self):
         return list(self.pairs)
@@ -11667,11 +11687,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         limits = app.config.server
         path, _, query = self.path.partition("?")
         dialect = _dialect_for_path(_normalize_path(path))
-        headers, header_bytes = {}, 0
-        for name, value in self.headers.items():
-            header_bytes += len(name) + len(value) + 4
-            key = name.lower()
-            headers[key] = headers[key] + ", " + value if key in headers else value
+        headers, header_bytes = dict(self.headers.merged), self.headers.size
         stream = None
         try:
             if header_bytes > limits["max_header_bytes"]:

@@ -551,6 +551,26 @@ def test_compact_scan_on_several_threads_matches_the_plain_product():
     assert np.allclose(scores, compact.astype(np.float32) @ query, rtol=1e-5, atol=1e-4)
 
 
+def test_a_finalizer_releasing_a_generation_under_the_registry_lock_does_not_deadlock():
+    # The garbage collector runs weakref finalizers inside whatever allocation
+    # triggered it, which may be one made while this thread holds the lock.
+    registry = ragproxy._Registry()
+    registry.retain(("root", "g000001"))
+    registry.retain(("root", "g000002"))
+    result = {}
+
+    def scenario():
+        with registry.lock:
+            registry.release(("root", "g000001"))  # as a finalizer would, lock held
+        result["open"] = registry.open_names("root")
+
+    worker = threading.Thread(target=scenario, daemon=True)
+    worker.start()
+    worker.join(5.0)
+    assert not worker.is_alive(), "release() blocked on the registry lock"
+    assert result["open"] == {"g000002"}
+
+
 # --- crash safety ---------------------------------------------------------------------
 
 STATE_SRC = r'''
