@@ -122,7 +122,7 @@ __all__ = [
     # 18-19. uploads, admin API
     "Uploads", "UploadError", "UploadLimits", "UploadedPart", "ALLOWED_UPLOAD_EXTS", "ARCHIVE_EXTS",
     "parse_multipart", "safe_relative_path", "expand_archive", "ingest_upload", "read_manifest",
-    "remove_document", "cleanup_staging", "Admin", "issue_token", "verify_token",
+    "remove_document", "cleanup_staging", "Admin", "issue_token", "verify_token", "remove_deleted_kbs",
     # 20-21. server, command line
     "make_server", "ConfigWatcher", "version_text", "main",
 ]
@@ -11290,7 +11290,7 @@ class Admin:
         # indexer that still holds the old KB never sees a half-deleted tree.
         for path in (old.root, old.documents_dir):
             if os.path.isdir(path):
-                trash = os.path.join(os.path.dirname(path), f".deleted-{name}-{self.rng.getrandbits(32):08x}")
+                trash = os.path.join(os.path.dirname(path), f"{_DELETED_PREFIX}{name}-{self.rng.getrandbits(32):08x}")
                 os.replace(path, trash)
                 shutil.rmtree(trash, ignore_errors=True)
         return _json_response(200, {"deleted": name})
@@ -11483,6 +11483,27 @@ class Admin:
         self.app.reload(config)
         log.info("config.yaml replaced through the admin API from %s", request.client)
         return _json_response(200, {"ok": True, "backup": self.config_file.path + ".bak"})
+
+
+_DELETED_PREFIX = ".deleted-"
+
+
+def remove_deleted_kbs(data_dir):
+    """Finish deletions a crash interrupted: the ``.deleted-*`` folders delete_kb renamed aside.
+
+    Run at start-up, before anything can be renaming a folder aside again.
+    Returns the paths removed.
+    """
+    removed = []
+    for sub in ("vectordb", "documents"):
+        root = os.path.join(data_dir, sub)
+        with contextlib.suppress(FileNotFoundError):
+            for name in sorted(os.listdir(root)):
+                path = os.path.join(root, name)
+                if name.startswith(_DELETED_PREFIX) and os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+    return removed
 
 
 def _config_map(data, *keys):
@@ -12238,6 +12259,8 @@ def _serve(data_dir, config_path, overrides, config, environ):
         raise _CLIError(str(exc)) from None
     for name in cleanup_staging(os.path.join(data_dir, "documents")):
         log.info("removed %s, left by an upload that did not finish", name)
+    for path in remove_deleted_kbs(data_dir):
+        log.info("removed %s, left by a knowledge base deletion that did not finish", path)
     app = App(config, data_dir=data_dir)
     config_file = ConfigFile(config_path, environ=environ, overrides=overrides)
     app.admin = Admin(app, secret_key, config_file)

@@ -612,3 +612,20 @@ def test_malformed_bodies_get_400_in_the_error_shape(admin_proxy, route, body):
     assert isinstance(reply["error"]["message"], str) and reply["error"]["message"]
     assert "Traceback" not in reply["error"]["message"]
     assert admin_proxy.config_path.read_text() == config_before
+
+
+def test_a_kb_deletion_cut_short_is_finished_at_the_next_start(tmp_path):
+    for sub in ("vectordb", "documents"):
+        half = tmp_path / sub / ".deleted-ops-0badcafe" / "g000001"
+        half.mkdir(parents=True)
+        (half / "chunks.jsonl").write_text("{}\n")
+        (tmp_path / sub / "keep").mkdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (tmp_path / "vectordb" / ".deleted-link").symlink_to(outside)  # never followed
+    removed = ragproxy.remove_deleted_kbs(str(tmp_path))
+    assert sorted(os.path.relpath(p, tmp_path) for p in removed) == [
+        os.path.join("documents", ".deleted-ops-0badcafe"), os.path.join("vectordb", ".deleted-ops-0badcafe")]
+    assert _tree(tmp_path) == sorted(["documents", "documents/keep", "elsewhere", "vectordb", "vectordb/.deleted-link",
+                                      "vectordb/keep"])
+    assert ragproxy.remove_deleted_kbs(str(tmp_path / "missing")) == []
