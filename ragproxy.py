@@ -121,8 +121,7 @@ __all__ = [
     "App", "Request", "Response", "StreamResponse", "Exchange", "ClientError",
     # 18-19. uploads, admin API
     "Uploads", "UploadError", "UploadLimits", "UploadedPart", "ALLOWED_UPLOAD_EXTS", "ARCHIVE_EXTS",
-    "parse_multipart", "safe_relative_path", "expand_archive", "ingest_upload", "read_manifest",
-    "remove_document", "cleanup_staging", "Admin", "issue_token", "verify_token", "remove_deleted_kbs",
+    "parse_multipart", "safe_relative_path", "expand_archive", "read_manifest", "cleanup_staging", "Admin", "issue_token", "verify_token", "remove_deleted_kbs",
     # 20-21. server, command line
     "make_server", "ConfigWatcher", "version_text", "main",
 ]
@@ -147,7 +146,6 @@ def _add_vendored_path():
 
 
 def _zip_has_dir(archive, prefix):
-    import zipfile
     if not os.path.isfile(archive):
         return False
     try:
@@ -1690,13 +1688,42 @@ _STALE_CONNECTION_ERRORS = (http.client.RemoteDisconnected, BrokenPipeError, Con
                             ConnectionAbortedError)
 
 
+class _IdleConnections:
+    """Idle keep-alive connections per upstream key, at most ``maxsize`` each.
+
+    A connection is anything ``_close_quietly`` can close (``.sock``, ``.close()``).
+    """
+
+    def __init__(self, maxsize):
+        self._idle = collections.defaultdict(list)
+        self._lock = threading.Lock()
+        self._maxsize = maxsize
+
+    def take(self, key):
+        with self._lock:
+            conns = self._idle.get(key)
+            return conns.pop() if conns else None
+
+    def give(self, key, conn):
+        with self._lock:
+            if len(self._idle[key]) < self._maxsize:
+                self._idle[key].append(conn)
+                return
+        _close_quietly(conn)
+
+    def close(self):
+        with self._lock:
+            conns = [conn for group in self._idle.values() for conn in group]
+            self._idle.clear()
+        for conn in conns:
+            _close_quietly(conn)
+
+
 class _HTTPClientPool:
     """Keep-alive pool over ``http.client`` for when urllib3 is not available."""
 
     def __init__(self, maxsize=32):
-        self._idle = collections.defaultdict(list)
-        self._lock = threading.Lock()
-        self._maxsize = maxsize
+        self._idle = _IdleConnections(maxsize)
 
     def _new_connection(self, scheme, host, port, connect_timeout):
         if scheme == "https":
@@ -1715,10 +1742,8 @@ class _HTTPClientPool:
         if parts.query:
             target += "?" + parts.query
         for attempt in (0, 1):
-            conn, reused = None, False
-            with self._lock:
-                if self._idle[key]:
-                    conn, reused = self._idle[key].pop(), True
+            conn = self._idle.take(key)
+            reused = conn is not None
             if conn is None:
                 try:
                     conn = self._new_connection(*key, connect_timeout)
@@ -1748,12 +1773,8 @@ class _HTTPClientPool:
             resp.close()  # marks the exchange finished; Python 3.9 otherwise refuses the next request
             if resp.will_close:
                 conn.close()
-                return
-            with self._lock:
-                if len(self._idle[key]) < self._maxsize:
-                    self._idle[key].append(conn)
-                    return
-            conn.close()
+            else:
+                self._idle.give(key, conn)
 
         def abort():
             _close_quietly(conn)
@@ -1767,11 +1788,7 @@ class _HTTPClientPool:
         return UpstreamResponse(resp.status, resp.reason, resp.getheaders(), read1, release, abort)
 
     def close(self):
-        with self._lock:
-            for conns in self._idle.values():
-                for conn in conns:
-                    _close_quietly(conn)
-            self._idle.clear()
+        self._idle.close()
 
 
 def _close_quietly(conn):
@@ -1800,9 +1817,7 @@ class _SocketPool:
     _MAX_HEADERS = 200
 
     def __init__(self, maxsize=32):
-        self._idle = collections.defaultdict(list)
-        self._lock = threading.Lock()
-        self._maxsize = maxsize
+        self._idle = _IdleConnections(maxsize)
 
     def request(self, method, url, headers, body, connect_timeout, read_timeout):
         parts = urllib.parse.urlsplit(url)
@@ -1821,30 +1836,25 @@ class _SocketPool:
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
         payload = head + body if body and len(body) < _READ_SIZE else head
         for attempt in (0, 1):
-            conn, reused = None, False
-            with self._lock:
-                if self._idle[key]:
-                    conn, reused = self._idle[key].pop(), True
+            conn = self._idle.take(key)
+            reused = conn is not None
             if conn is None:
                 try:
-                    sock = socket.create_connection(key, timeout=connect_timeout)
+                    conn = _SocketConnection(socket.create_connection(key, timeout=connect_timeout))
                 except OSError as exc:
                     raise UpstreamError("unreachable", f"cannot connect to {host}:{port}: {exc}") from None
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn = (sock, sock.makefile("rb", _READ_SIZE))
-            sock, rfile = conn
             try:
-                sock.settimeout(read_timeout)
-                sock.sendall(payload)
+                conn.sock.settimeout(read_timeout)
+                conn.sock.sendall(payload)
                 if body and payload is head:
-                    sock.sendall(body)
-                version, status, reason, response_headers = self._read_head(rfile)
+                    conn.sock.sendall(body)
+                version, status, reason, response_headers = self._read_head(conn.rfile)
             except (socket.timeout, TimeoutError):
-                self._discard(conn)
+                _close_quietly(conn)
                 raise UpstreamError("timeout", f"upstream {host}:{port} did not answer "
                                                f"within {read_timeout:g} s") from None
             except (OSError, ValueError, _StaleConnection) as exc:
-                self._discard(conn)
+                _close_quietly(conn)
                 # Only a pooled connection that the server closed while idle, failing
                 # before a byte of answer, is retried: anything else might run a POST twice.
                 stale = isinstance(exc, (_StaleConnection, BrokenPipeError, ConnectionResetError))
@@ -1885,7 +1895,7 @@ class _SocketPool:
 
     def _response(self, conn, key, method, version, status, reason, head):
         headers, index = head
-        rfile = conn[1]
+        rfile = conn.rfile
         connection = index.get("connection", "").lower()
         keep = ("close" not in connection) if version != "HTTP/1.0" else ("keep-alive" in connection)
         length = index.get("content-length", "")
@@ -1900,30 +1910,29 @@ class _SocketPool:
 
         def release():
             if keep and body.complete:
-                with self._lock:
-                    if len(self._idle[key]) < self._maxsize:
-                        self._idle[key].append(conn)
-                        return
-            self._discard(conn)
+                self._idle.give(key, conn)
+            else:
+                _close_quietly(conn)
 
-        return UpstreamResponse(status, reason, headers, body.read1, release, lambda: self._discard(conn), index)
-
-    @staticmethod
-    def _discard(conn):
-        sock, rfile = conn
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it; close() alone does not
-        with contextlib.suppress(OSError):
-            rfile.close()
-        with contextlib.suppress(OSError):
-            sock.close()
+        return UpstreamResponse(status, reason, headers, body.read1, release, lambda: _close_quietly(conn), index)
 
     def close(self):
-        with self._lock:
-            for conns in self._idle.values():
-                for conn in conns:
-                    self._discard(conn)
-            self._idle.clear()
+        self._idle.close()
+
+
+class _SocketConnection:
+    """One upstream socket and its buffered reader."""
+
+    __slots__ = ("sock", "rfile")
+
+    def __init__(self, sock):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock, self.rfile = sock, sock.makefile("rb", _READ_SIZE)
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self.rfile.close()
+        self.sock.close()
 
 
 class _StaleConnection(Exception):
@@ -1949,6 +1958,11 @@ class _FixedBody:
         return data
 
 
+def _chunk_size(line):
+    """The size on a chunked-encoding size line (extensions ignored); ValueError if malformed."""
+    return int(line.split(b";", 1)[0].strip(), 16)
+
+
 class _ChunkedBody:
     """A chunked body, handed on as soon as each piece arrives."""
 
@@ -1961,7 +1975,7 @@ class _ChunkedBody:
         if self.left == 0:
             line = self.rfile.readline(1026)
             try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
+                size = _chunk_size(line)
             except ValueError:
                 raise ConnectionError(f"malformed chunk size line {line[:40]!r}") from None
             if size == 0:
@@ -3672,7 +3686,6 @@ def _parse_xml(raw, what):
 
 
 def _extract_docx(path, data):
-    import zipfile
     if data.startswith(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"):
         raise SkipFile("encrypted or legacy Word file (OLE container)")
     try:
@@ -7581,7 +7594,7 @@ class KnowledgeBase:
             full = True
         old_manifest = old.manifest if old is not None and not full else {}
         files = self.scan()
-        uploaded = read_manifest(self.documents_dir)
+        uploaded = None  # the upload manifest, read once the first file needs reading
         self.status["total"] = len(files)
         manifest, kept = {}, []
         batch = _EmbedBatch(self, old_bm25.vocab if old_manifest and old_bm25 is not None else None,
@@ -7596,6 +7609,8 @@ class KnowledgeBase:
                     manifest[source] = before
                     kept.append(source)
                     continue
+                if uploaded is None:
+                    uploaded = read_manifest(self.documents_dir)
                 fresh = self._read_and_chunk(source, path, size, report, self._shown_name(source, uploaded))
                 if fresh is None:
                     continue
@@ -9362,6 +9377,21 @@ class ClientError(Exception):
         self.status, self.message, self.code, self.headers = status, message, code, list(headers)
 
 
+def _json_object_of(body):
+    """The JSON object in a request body; ClientError 400 saying what is wrong otherwise."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ClientError(400, f"request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        payload = json.loads(text)
+    except ValueError as exc:
+        raise ClientError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise ClientError(400, "request body must be a JSON object")
+    return payload
+
+
 def _json_response(status, obj, headers=()):
     return Response(status, [("Content-Type", "application/json")] + list(headers), _json_bytes(obj))
 
@@ -9565,16 +9595,7 @@ class App:
     def _parse_body(self, request, endpoint):
         if not request.body:
             raise ClientError(400, "request body is empty; expected a JSON object")
-        try:
-            text = request.body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ClientError(400, f"request body is not valid UTF-8 (byte {exc.start})") from None
-        try:
-            payload = json.loads(text)
-        except ValueError as exc:
-            raise ClientError(400, f"request body is not valid JSON: {exc}") from None
-        if not isinstance(payload, dict):
-            raise ClientError(400, "request body must be a JSON object")
+        payload = _json_object_of(request.body)
         for field in endpoint.required:
             if payload.get(field) in (None, ""):
                 raise ClientError(400, f"missing required field '{field}'", "missing_required_parameter")
@@ -9706,20 +9727,28 @@ class App:
 
     def _upstream_model_ids(self, provider):
         """What a glob route's provider serves; a down upstream just lists nothing."""
+        try:
+            status, _, names = self.upstream_models(provider, 3.0, 5.0)
+        except UpstreamError:
+            return []
+        return names if status == 200 and names is not None else []
+
+    def upstream_models(self, provider, connect_timeout, read_timeout):
+        """Ask an LLM provider for its models: ``(status, body, names)``; names is None if
+        the answer was no model list.  Timeouts are capped at the provider's own."""
         if provider.type == "ollama":
             url, key = provider.base_url + "/api/tags", "models"
         else:
             url, key = _upstream_url(provider, "/v1/models", ""), "data"
+        resp = self.http.request("GET", url, self.upstream_headers(Request("GET", "/"), provider), None,
+                                 min(provider.connect_timeout, connect_timeout),
+                                 min(provider.read_timeout, read_timeout))
+        body = resp.read_all(16 * 1024 * 1024)
         try:
-            resp = self.http.request("GET", url, self.upstream_headers(Request("GET", "/"), provider), None,
-                                     min(provider.connect_timeout, 3.0), min(provider.read_timeout, 5.0))
-            body = resp.read_all(16 * 1024 * 1024)
-            if resp.status != 200:
-                return []
             items = json.loads(body).get(key) or []
-            return [str(m.get("name") or m.get("id")) for m in items if isinstance(m, dict)]
-        except (UpstreamError, ValueError, AttributeError):
-            return []
+        except (ValueError, AttributeError):
+            return resp.status, body, None
+        return resp.status, body, [str(m.get("name") or m.get("id")) for m in items if isinstance(m, dict)]
 
     def _ollama_listing(self, request, path):
         provider = self._catch_all_provider("ollama")
@@ -9995,8 +10024,7 @@ def _sse_to_ndjson(upstream, reply):
 #
 # Public names: Uploads, UploadError, UploadLimits, UploadedPart,
 #   ALLOWED_UPLOAD_EXTS, ARCHIVE_EXTS, parse_multipart, safe_relative_path,
-#   expand_archive, ingest_upload, read_manifest, remove_document,
-#   cleanup_staging
+#   expand_archive, read_manifest, cleanup_staging
 #
 # Nothing is held in memory whole: multipart bodies and archive members move
 # in 64 KiB pieces and every cap is enforced as bytes arrive.  Archive caps
@@ -10602,7 +10630,7 @@ class Uploads:
                 for path in moved:
                     with contextlib.suppress(OSError):
                         os.unlink(path)
-                shutil.rmtree(staging, ignore_errors=True)
+                shutil.rmtree(staging, ignore_errors=True)  # now, not in finally: it sits in a folder to remove
                 for path in created:   # only folders this upload made, and only if still empty
                     with contextlib.suppress(OSError):
                         os.rmdir(path)
@@ -10650,40 +10678,33 @@ class Uploads:
         return entry
 
 
-def ingest_upload(stream, content_type, content_length, documents_dir, limits=None, clock=time.time, new_id=None):
-    """Uploads(...).ingest() for a single caller; concurrent uploads into one
-    folder must share an Uploads so that its lock orders their manifest updates."""
-    return Uploads(limits, clock, new_id).ingest(stream, content_type, content_length, documents_dir)
-
-
-def remove_document(documents_dir, stored_as):
-    """Uploads().remove(); see ingest_upload about sharing one Uploads."""
-    return Uploads().remove(documents_dir, stored_as)
-
-
 def cleanup_staging(documents_root, older_than_s=3600, clock=time.time):
     """Remove staging folders that crashed uploads left in ``documents_root``; returns their names.
 
     A folder counts as abandoned when neither it nor any file in it (staging
     is flat) has changed for ``older_than_s``, so a slow live upload survives.
     """
-    removed = []
-    try:
-        names = os.listdir(documents_root)
-    except FileNotFoundError:
-        return removed
     cutoff = clock() - older_than_s
-    for name in names:
-        path = os.path.join(documents_root, name)
-        if not name.startswith(_STAGING_PREFIX) or os.path.islink(path) or not os.path.isdir(path):
-            continue
+
+    def abandoned(path):
         try:
-            newest = max([os.stat(path).st_mtime] + [e.stat().st_mtime for e in os.scandir(path)])
+            return max([os.stat(path).st_mtime] + [e.stat().st_mtime for e in os.scandir(path)]) < cutoff
         except OSError:
-            continue
-        if newest < cutoff:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(name)
+            return False
+
+    return [os.path.basename(path) for path in _remove_leftover_dirs(documents_root, _STAGING_PREFIX, abandoned)]
+
+
+def _remove_leftover_dirs(root, prefix, abandoned=lambda path: True):
+    """Delete the folders in ``root`` named ``prefix...`` that ``abandoned(path)`` says a crash
+    left behind (never through a symlink); returns their paths."""
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for name in sorted(os.listdir(root)):
+            path = os.path.join(root, name)
+            if name.startswith(prefix) and os.path.isdir(path) and not os.path.islink(path) and abandoned(path):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
     return removed
 
 
@@ -10802,15 +10823,8 @@ def _mask_secret(value):
 
 
 def _json_object(request):
-    if not request.body:
-        return {}
-    try:
-        payload = json.loads(request.body.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ClientError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise ClientError(400, "request body must be a JSON object")
-    return payload
+    """The admin request's JSON object; no body counts as ``{}``."""
+    return _json_object_of(request.body) if request.body else {}
 
 
 def _query_params(request):
@@ -10912,9 +10926,8 @@ def _refuse_traversal(name, what):
 
 def _match_admin_route(method, rest):
     """``(route, params)`` for ``rest`` (the path after /admin/api/); ClientError 400/404/405 otherwise."""
-    segments = rest.split("/")
-    for segment in segments:
-        _refuse_traversal(urllib.parse.unquote(segment, errors="replace"), "path segment")
+    segments = [_refuse_traversal(urllib.parse.unquote(raw, errors="strict"), "path segment")
+                for raw in rest.split("/")]
     allowed = []
     for route in _ADMIN_ROUTES:
         pattern = route.pattern.split("/")
@@ -10922,10 +10935,8 @@ def _match_admin_route(method, rest):
             continue
         params = {}
         for want, got in zip(pattern, segments):
-            if want.startswith("{"):
-                params[want[1:-1]] = urllib.parse.unquote(got, errors="strict") if got else None
-                if params[want[1:-1]] is None:
-                    break
+            if want.startswith("{") and got:
+                params[want[1:-1]] = got
             elif want != got:
                 break
         else:
@@ -10945,7 +10956,6 @@ def _panel_html():
     with contextlib.suppress(OSError):
         with open(path, "rb") as f:
             return f.read()
-    import zipfile
     with contextlib.suppress(OSError, KeyError, zipfile.BadZipFile):
         with zipfile.ZipFile(here) as archive:
             return archive.read("static/panel.html")
@@ -11051,7 +11061,7 @@ class Admin:
     # -- providers ----------------------------------------------------------
 
     @staticmethod
-    def _provider_view(kind, name, spec):
+    def _provider_view(name, spec):
         view = {"name": name, **_copy_default(spec)}
         view["has_api_key"] = bool(spec.get("api_key"))
         view["api_key"] = _mask_secret(spec.get("api_key", ""))
@@ -11059,7 +11069,7 @@ class Admin:
 
     def list_providers(self, request):
         raw = self.app.config.raw["providers"]
-        return _json_response(200, {kind: [self._provider_view(kind, name, spec) for name, spec in raw[kind].items()]
+        return _json_response(200, {kind: [self._provider_view(name, spec) for name, spec in raw[kind].items()]
                                     for kind in _PROVIDER_KINDS})
 
     @staticmethod
@@ -11080,8 +11090,6 @@ class Admin:
         name = body.pop("name", None)
         if not isinstance(name, str) or not _PROVIDER_NAME.match(name):
             raise ClientError(400, "'name' is required: letters, digits, '_', '-' and '.' (64 at most)")
-        if name in self.app.config.raw["providers"][kind]:
-            raise ClientError(409, f"a {kind} provider named {name!r} exists already", "conflict")
 
         def change(data):
             providers = _config_map(data, "providers", kind)
@@ -11090,7 +11098,7 @@ class Admin:
             providers[name] = body
 
         config = self._change(change)
-        return _json_response(201, self._provider_view(kind, name, config.raw["providers"][kind][name]))
+        return _json_response(201, self._provider_view(name, config.raw["providers"][kind][name]))
 
     def update_provider(self, request, kind, name):
         stored = self._existing_provider(kind, name)
@@ -11106,7 +11114,7 @@ class Admin:
             providers[name].update(body)
 
         config = self._change(change)
-        return _json_response(200, self._provider_view(kind, name, config.raw["providers"][kind][name]))
+        return _json_response(200, self._provider_view(name, config.raw["providers"][kind][name]))
 
     def delete_provider(self, request, kind, name):
         self._existing_provider(kind, name)
@@ -11144,21 +11152,12 @@ class Admin:
         if kind == "rerank":
             order = RerankClient(provider, self.app.http).rerank("connection test", ["connection", "test"], 2)
             return 200, f"reranked {len(order)} documents"
-        if provider.type == "ollama":
-            url, key = provider.base_url + "/api/tags", "models"
-        else:
-            url, key = _upstream_url(provider, "/v1/models", ""), "data"
-        resp = self.app.http.request("GET", url, self.app.upstream_headers(Request("GET", "/"), provider), None,
-                                     min(provider.connect_timeout, 5.0), min(provider.read_timeout, 10.0))
-        body = resp.read_all(4 * 1024 * 1024)
-        if resp.status >= 400:
-            return resp.status, body[:500].decode("utf-8", "replace")
-        try:
-            models = json.loads(body).get(key) or []
-        except (ValueError, AttributeError):
-            return resp.status, "answered, but not with a model list"
-        names = [str(m.get("id") or m.get("name")) for m in models if isinstance(m, dict)]
-        return resp.status, f"{len(names)} models" + (": " + ", ".join(names[:10]) if names else "")
+        status, body, names = self.app.upstream_models(provider, 5.0, 10.0)
+        if status >= 400:
+            return status, body[:500].decode("utf-8", "replace")
+        if names is None:
+            return status, "answered, but not with a model list"
+        return status, f"{len(names)} models" + (": " + ", ".join(names[:10]) if names else "")
 
     # -- model mappings -----------------------------------------------------
 
@@ -11179,11 +11178,11 @@ class Admin:
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise ClientError(400, "'name' is required (a model name or a glob such as 'claude-*')")
-        if any(m["name"] == name for m in self.app.config.raw["models"]):
-            raise ClientError(409, f"a model mapping named {name!r} exists already", "conflict")
 
         def change(data):
             models = _config_list(data, "models")
+            if any(isinstance(m, dict) and m.get("name") == name for m in models):
+                raise ClientError(409, f"a model mapping named {name!r} exists already", "conflict")
             # A new mapping goes before the catch-all, where a reader expects it.
             at = next((i for i, m in enumerate(models) if isinstance(m, dict) and m.get("name") == "*"),
                       len(models))
@@ -11225,10 +11224,8 @@ class Admin:
         return kb
 
     def _kb_view(self, kb):
-        stats = kb.stats()
-        stats.pop("last_report", None)
-        return {**stats, "config": _copy_default(self.app.config.knowledge_bases.get(kb.spec.name, {})),
-                "documents_dir": kb.documents_dir, "last_report": kb.status.get("last_report")}
+        return {**kb.stats(), "config": _copy_default(self.app.config.knowledge_bases.get(kb.spec.name, {})),
+                "documents_dir": kb.documents_dir}
 
     def list_kbs(self, request):
         kbs = self.app.knowledge_bases
@@ -11244,8 +11241,6 @@ class Admin:
         if not _valid_kb_name(name):
             raise ClientError(400, "'name' is required: letters, digits, '_', '-' and '.' (64 at most, "
                                    "starting with a letter or digit)", "invalid_name")
-        if name in self.app.config.knowledge_bases:
-            raise ClientError(409, f"a knowledge base named {name!r} exists already", "conflict")
 
         def change(data):
             kbs = _config_map(data, "knowledge_bases")
@@ -11494,16 +11489,8 @@ def remove_deleted_kbs(data_dir):
     Run at start-up, before anything can be renaming a folder aside again.
     Returns the paths removed.
     """
-    removed = []
-    for sub in ("vectordb", "documents"):
-        root = os.path.join(data_dir, sub)
-        with contextlib.suppress(FileNotFoundError):
-            for name in sorted(os.listdir(root)):
-                path = os.path.join(root, name)
-                if name.startswith(_DELETED_PREFIX) and os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                    removed.append(path)
-    return removed
+    return [path for sub in ("vectordb", "documents")
+            for path in _remove_leftover_dirs(os.path.join(data_dir, sub), _DELETED_PREFIX)]
 
 
 def _config_map(data, *keys):
@@ -11774,7 +11761,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         while True:
             line = self.rfile.readline(1026)
             try:
-                chunk_size = int(line.split(b";", 1)[0].strip(), 16)
+                chunk_size = _chunk_size(line)
             except ValueError:
                 raise ClientError(400, "malformed chunked request body") from None
             if chunk_size == 0:

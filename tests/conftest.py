@@ -69,24 +69,31 @@ class RunningProxy:
 
 
 @pytest.fixture
-def make_proxy(fake):
+def _running():
+    """Starts apps on port 0 and closes them after the test: ``_running(app) -> RunningProxy``."""
+    proxies = []
+
+    def run(app):
+        proxies.append(RunningProxy(app, ragproxy.make_server(app, "127.0.0.1", 0)))
+        return proxies[-1]
+
+    yield run
+    for proxy in proxies:
+        proxy.close()
+
+
+@pytest.fixture
+def make_proxy(fake, _running):
     """make_proxy(config_text=None, data_dir=None, **proxy_config_kwargs) -> RunningProxy on port 0.
 
     With a data_dir the app has its knowledge bases; tests index them explicitly
     (app.knowledge_bases.index_all()) instead of starting the background indexer.
     """
-    running = []
-
     def start(config_text=None, data_dir=None, **kwargs):
         config = ragproxy.Config.from_text(config_text or proxy_config(fake.url, **kwargs))
-        app = ragproxy.App(config, data_dir=None if data_dir is None else str(data_dir))
-        proxy = RunningProxy(app, ragproxy.make_server(app, "127.0.0.1", 0))
-        running.append(proxy)
-        return proxy
+        return _running(ragproxy.App(config, data_dir=None if data_dir is None else str(data_dir)))
 
-    yield start
-    for proxy in running:
-        proxy.close()
+    return start
 
 
 @pytest.fixture
@@ -157,7 +164,7 @@ class AdminClient:
 
 
 @pytest.fixture
-def make_admin_proxy(fake, tmp_path):
+def make_admin_proxy(fake, tmp_path, _running):
     """make_admin_proxy(config_text=None, **proxy_config_kwargs) -> RunningProxy with the admin API.
 
     Like ``ragproxy serve``: the config lives in DATA_DIR/config/config.yaml,
@@ -165,10 +172,10 @@ def make_admin_proxy(fake, tmp_path):
     attributes: data_dir (pathlib), config_path, admin_key, admin() -> a
     logged-in AdminClient.
     """
-    running = []
+    started = []
 
     def start(config_text=None, **kwargs):
-        data_dir = tmp_path / f"data{len(running)}"
+        data_dir = tmp_path / f"data{len(started)}"
         (data_dir / "config").mkdir(parents=True)
         config_path = data_dir / "config" / "config.yaml"
         config_path.write_text(config_text or proxy_config(fake.url, **kwargs))
@@ -176,15 +183,13 @@ def make_admin_proxy(fake, tmp_path):
         app = ragproxy.App(config_file.load(), data_dir=str(data_dir))
         app.admin = ragproxy.Admin(app, ADMIN_KEY, config_file)
         app.knowledge_bases.start()
-        proxy = RunningProxy(app, ragproxy.make_server(app, "127.0.0.1", 0))
+        proxy = _running(app)
         proxy.data_dir, proxy.config_path, proxy.admin_key = data_dir, config_path, ADMIN_KEY
         proxy.admin = lambda: AdminClient(proxy.url).login()
-        running.append(proxy)
+        started.append(proxy)
         return proxy
 
-    yield start
-    for proxy in running:
-        proxy.close()
+    return start
 
 
 @pytest.fixture

@@ -93,8 +93,7 @@ def docs(tmp_path):
 
 def ingest(docs, parts, limits=None, new_id=None, clock=lambda: 1700000000.0):
     body = encode(parts)
-    return up.ingest_upload(io.BytesIO(body), CT, len(body), docs, limits=limits, clock=clock,
-                            new_id=new_id or ids())
+    return up.Uploads(limits, clock, new_id or ids()).ingest(io.BytesIO(body), CT, len(body), docs)
 
 
 def rejected(docs, parts, status, match, limits=None, body=None, content_type=CT, length=None):
@@ -103,8 +102,8 @@ def rejected(docs, parts, status, match, limits=None, body=None, content_type=CT
     before = snapshot(root)
     body = encode(parts) if body is None else body
     with pytest.raises(up.UploadError) as info:
-        up.ingest_upload(io.BytesIO(body), content_type, len(body) if length is None else length, docs,
-                         limits=limits, new_id=ids())
+        up.Uploads(limits, new_id=ids()).ingest(io.BytesIO(body), content_type,
+                                                len(body) if length is None else length, docs)
     assert info.value.status == status, info.value.message
     assert str(info.value) == info.value.message
     assert re.search(match, info.value.message), info.value.message
@@ -346,7 +345,7 @@ def test_parse_multipart_removes_its_files_when_it_fails(tmp_path):
 def test_no_content_length_is_411(docs):
     body = encode([("f", "a.md", b"x")])
     with pytest.raises(up.UploadError) as info:
-        up.ingest_upload(io.BytesIO(body), CT, None, docs)
+        up.Uploads().ingest(io.BytesIO(body), CT, None, docs)
     assert info.value.status == 411
 
 
@@ -356,7 +355,7 @@ def test_an_oversize_file_is_refused_while_it_arrives(docs):
     reader = Counting(body)
     before = snapshot(os.path.dirname(docs))
     with pytest.raises(up.UploadError) as info:
-        up.ingest_upload(reader, CT, len(body), docs, limits=limits)
+        up.Uploads(limits).ingest(reader, CT, len(body), docs)
     assert info.value.status == 413 and "'big.txt'" in info.value.message
     assert reader.consumed <= 2 * 64 * 1024   # it stopped reading
     assert snapshot(os.path.dirname(docs)) == before
@@ -370,7 +369,7 @@ def test_upload_caps_stop_the_reading(docs, limits, match):
     body = encode([("f", "%d.md" % i, b"x" * 100000) for i in range(10)])
     reader = Counting(body)
     with pytest.raises(up.UploadError) as info:
-        up.ingest_upload(reader, CT, len(body), docs, limits=limits)
+        up.Uploads(limits).ingest(reader, CT, len(body), docs)
     assert info.value.status == 413 and match in info.value.message
     assert reader.consumed < 5 * 100000
 
@@ -598,12 +597,12 @@ def test_archive_member_caps(docs):
 def test_remove_document(docs):
     result = ingest(docs, [("f", "a.md", b"a"), ("f", "b.md", b"b")])
     gone, kept = (s["stored_as"] for s in result["stored"])
-    assert up.remove_document(docs, gone)["name"] == "a.md"
+    assert up.Uploads().remove(docs, gone)["name"] == "a.md"
     assert not os.path.exists(os.path.join(docs, gone))
     assert set(up.read_manifest(docs)) == {kept, "f" * 32 + ".md"}
     for bad in (gone, "../kb/" + kept, "manifest.json", "", ".."):
         with pytest.raises(up.UploadError) as info:
-            up.remove_document(docs, bad)
+            up.Uploads().remove(docs, bad)
         assert info.value.status == 400
     assert os.path.exists(os.path.join(docs, kept))
 
