@@ -476,6 +476,22 @@ def make_dense_queries(np, mat, count, seed=11):
     return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
 
 
+def _load_real_vectors(np, args):
+    """Your own embeddings (.npy, one row per chunk) and queries (.npy, or
+    random rows of the matrix, nudged, when no query file is given)."""
+    mat = np.ascontiguousarray(np.load(args.dense_vectors), dtype=np.float32)
+    mat /= np.maximum(np.linalg.norm(mat, axis=1, keepdims=True), 1e-12)
+    if args.dense_query_vectors:
+        queries = np.ascontiguousarray(np.load(args.dense_query_vectors), dtype=np.float32)
+        queries = queries[:args.dense_queries]
+        queries /= np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
+    else:
+        queries = make_dense_queries(np, mat, args.dense_queries)
+    if mat.ndim != 2 or queries.ndim != 2 or queries.shape[1] != mat.shape[1]:
+        raise SystemExit(f"--dense-vectors {mat.shape} and queries {queries.shape} do not fit together")
+    return mat, queries
+
+
 def _build_store(rp, path, mat, compact):
     store = rp.KBStore(path, compact=compact)
     with store.begin() as writer:
@@ -506,26 +522,32 @@ def run_dense(args, rp, report):
     except ImportError:
         print("\n== dense: faiss not installed (pip install faiss-cpu); that side skipped")
     blas = _blas_info()
-    print(f"\n== dense: {DIM}-dim unit vectors, top-{TOP}, single query at a time, {args.dense_queries} queries"
+    source = f"the embeddings in {args.dense_vectors}" if args.dense_vectors else f"{DIM}-dim synthetic unit vectors"
+    print(f"\n== dense: {source}, top-{TOP}, single query at a time, {args.dense_queries} queries"
           f"{f', {args.idle_ms:g} ms idle before each' if args.idle_ms else ''}"
           f"{', each side back to back' if args.back_to_back else ', the sides taking turns query by query'}; "
           f"numpy {np.__version__} ({blas})")
     summary = {}
     tmp = tempfile.mkdtemp(prefix="ragproxy-perf-dense-")
     try:
-        for n in args.dense_sizes:
+        for size in args.dense_sizes:
             t0 = time.perf_counter()
-            mat = make_vectors(np, n)
-            queries = make_dense_queries(np, mat, args.dense_queries)
+            n = size
+            if args.dense_vectors:
+                mat, queries = _load_real_vectors(np, args)
+                n = len(mat)
+            else:
+                mat = make_vectors(np, n)
+                queries = make_dense_queries(np, mat, args.dense_queries)
             exact = [np.argsort(-(mat @ q), kind="stable")[:TOP] for q in queries]
             gen_s = time.perf_counter() - t0
             stores = {}
-            for compact in (None, "i8", "f16"):
+            for compact in (None, "i8", "f16", "b1"):
                 t1 = time.perf_counter()
                 stores[compact] = _build_store(rp, os.path.join(tmp, f"n{n}-{compact or 'f32'}"), mat, compact)
                 if compact is None:
                     store_s = time.perf_counter() - t1
-            g32, g8, g16 = (stores[c].current() for c in (None, "i8", "f16"))
+            g32, g8, g16, g1 = (stores[c].current() for c in (None, "i8", "f16", "b1"))
             plan = [  # (label, call, report recall)
                 ("numpy floor: matrix @ q", lambda q: mat @ q, False),
                 ("numpy floor + top-10 (argpartition)", lambda q: _np_top(np, mat @ q), False),
@@ -537,10 +559,12 @@ def run_dense(args, rp, report):
                  lambda q: [r for r, _ in g8.dense_search(q, TOP, oversample=1)], True),
                 ("ragproxy dense_search, float16 copy",
                  lambda q: [r for r, _ in g16.dense_search(q, TOP, use_compact=True)], True),
+                (f"ragproxy dense_search, binary codes (auto: re-scores {rp.binary_pool(n, TOP)})",
+                 lambda q: [r for r, _ in g1.dense_search(q, TOP)], True),
             ]
             index = None
             if faiss is not None:
-                index = faiss.IndexFlatIP(DIM)
+                index = faiss.IndexFlatIP(mat.shape[1])
                 index.add(mat)
                 plan.append((f"faiss IndexFlatIP ({faiss.omp_get_max_threads()} threads)",
                              lambda q: index.search(q[None, :], TOP)[1][0], True))
@@ -556,7 +580,7 @@ def run_dense(args, rp, report):
                 sides.append({"side": label, "p50_ms": _ms(_pct(lat, 50)), "p99_ms": _ms(_pct(lat, 99)),
                               "recall@10": rec})
             index = plan = None  # free the faiss copy before the next size
-            if n == min(args.dense_sizes) and not args.no_pure:
+            if size == min(args.dense_sizes) and not args.no_pure:
                 path = os.path.join(tmp, "pure-queries.json")
                 pq = queries[:args.pure_queries]
                 with open(path, "w", encoding="utf-8") as f:
@@ -569,7 +593,7 @@ def run_dense(args, rp, report):
                                 / float(TOP * len(res["top"])), 4)
                     sides.append({"side": f"ragproxy pure (RAGPROXY_PURE=1) dense_search [{res['queries']} queries]",
                                   "p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"], "recall@10": rec})
-            for g in (g32, g8, g16):
+            for g in (g32, g8, g16, g1):
                 g.close()
             base = next(s for s in sides if s["side"].startswith("ragproxy dense_top_k"))["p50_ms"]
             print(f"   N = {n:,} ({mat.nbytes / 2**20:.0f} MiB float32; data {gen_s:.1f} s, store write "
@@ -780,6 +804,10 @@ def _parse_args(argv):
     p.add_argument("--dense-sizes", default="10000,100000", help="vector counts (default 10000,100000)")
     p.add_argument("--dense-1m", action="store_true", help="add N = 1,000,000 (~6 GB RAM, several minutes)")
     p.add_argument("--dense-queries", type=int, default=200, help="dense queries per size (default 200)")
+    p.add_argument("--dense-vectors", metavar="NPY", help="dense: measure on these embeddings (an N x dim .npy) "
+                   "instead of synthetic ones")
+    p.add_argument("--dense-query-vectors", metavar="NPY", help="with --dense-vectors: the query embeddings "
+                   "(default: rows of the matrix, nudged)")
     p.add_argument("--idle-ms", type=float, default=0.0,
                    help="dense: sleep this long before each timed query, as between a proxy's requests "
                    "(default 0: back to back)")
@@ -808,6 +836,10 @@ def _parse_args(argv):
         args.dense_sizes.append(1000000)
     if any(n < TOP for n in args.dense_sizes):
         p.error(f"--dense-sizes must be at least {TOP}")
+    if args.dense_vectors:
+        args.dense_sizes = [0]  # one pass, at the file's own size
+    elif args.dense_query_vectors:
+        p.error("--dense-query-vectors needs --dense-vectors")
     return args
 
 

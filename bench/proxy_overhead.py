@@ -124,6 +124,41 @@ def upstream_role():
     fake.close()
 
 
+def relay_role(upstream_port):
+    """Forward bytes between each client and its own upstream connection; print the port.
+
+    The cheapest proxy there can be: no parsing, one blocking thread per
+    direction, a recv and a sendall per read.  Its added latency is what the
+    extra hop costs by itself on this machine (a second process to wake, two
+    more loopback writes); whatever ragproxy adds on top is its own work.
+    """
+    def pump(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+    print("PORT", listener.getsockname()[1], flush=True)
+    threading.Thread(target=lambda: sys.stdin.read() and None or os._exit(0), daemon=True).start()
+    while True:
+        client, _ = listener.accept()
+        upstream = socket.create_connection(("127.0.0.1", upstream_port))
+        for sock in (client, upstream):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+
+
 def cprofile_proxy_role(script, out_path, argv):
     """Run ``ragproxy.main(argv)`` with every connection thread under cProfile."""
     import cProfile
@@ -563,15 +598,24 @@ def print_verdict(results, opts):
     print()
     print(f"target: at most +{TARGET_ADDED_P50_MS} ms p50 per request (stream: to the first event); "
           "streaming holds no event back")
+    relays = {(r["scenario"], r["clients"]): r for r in results if r["path"] == "relay"}
     for r in results:
         where = f"  {r['scenario']:<7}{r['clients']:>3} clients  {r['path']:<14}"
-        if r["scenario"] in ("chat", "slow") and "added_p50_ms" in r:
+        relay = relays.get((r["scenario"], r["clients"])) if r["path"] != "relay" else None
+        key = "added_first_p50_ms" if r["scenario"] == "stream" else "added_p50_ms"
+        beyond = ""
+        if relay is not None and relay.get(key) is not None and r.get(key) is not None:
+            beyond = f"; beyond the bare relay {r[key] - relay[key]:+.3f} ms"
+        if r["path"] == "relay" and key in r:
+            print(f"{where}added p50{' to the first event' if key != 'added_p50_ms' else ''} "
+                  f"{r[key]:+.3f} ms  (a bare TCP relay: what the extra hop costs by itself)")
+        elif r["scenario"] in ("chat", "slow") and "added_p50_ms" in r:
             ok = r["added_p50_ms"] <= TARGET_ADDED_P50_MS
-            print(f"{where}added p50 {r['added_p50_ms']:+.3f} ms  {'met' if ok else 'MISSED'}")
+            print(f"{where}added p50 {r['added_p50_ms']:+.3f} ms  {'met' if ok else 'MISSED'}{beyond}")
         elif r["scenario"] == "stream" and "added_first_p50_ms" in r:
             ok = r["added_first_p50_ms"] <= TARGET_ADDED_P50_MS
             print(f"{where}added p50 to the first event {r['added_first_p50_ms']:+.3f} ms  "
-                  f"{'met' if ok else 'MISSED'}; to the last byte {r['added_p50_ms']:+.3f} ms")
+                  f"{'met' if ok else 'MISSED'}; to the last byte {r['added_p50_ms']:+.3f} ms{beyond}")
         elif "added_event_p50_us" in r:
             # An event held until the next one arrives would add about one interval.
             held = r["added_event_p50_us"] >= opts.event_interval_ms * 1000 / 2
@@ -626,7 +670,9 @@ def _parse_args(argv):
                    "(raw collapsed stacks; .svg flamegraph; .json speedscope)")
     p.add_argument("--cprofile", metavar="FILE", help="run the proxy with cProfile on its connection threads "
                    "and save the stats (slows the proxy: latencies are not comparable)")
-    p.add_argument("--role", choices=("upstream", "proxy-cprofile"), help=argparse.SUPPRESS)
+    p.add_argument("--no-relay", action="store_true",
+                   help="leave out the bare TCP relay (the cost of the extra hop alone)")
+    p.add_argument("--role", choices=("upstream", "relay", "proxy-cprofile"), help=argparse.SUPPRESS)
     p.add_argument("--profile-out", help=argparse.SUPPRESS)
     p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
@@ -651,6 +697,9 @@ def main(argv=None):
     opts = _parse_args(sys.argv[1:] if argv is None else argv)
     if opts.role == "upstream":
         upstream_role()
+        return 0
+    if opts.role == "relay":
+        relay_role(int(opts.rest[0]))
         return 0
     if opts.role == "proxy-cprofile":
         cprofile_proxy_role(opts.ragproxy, opts.profile_out, opts.rest)
@@ -678,11 +727,14 @@ def main(argv=None):
           f"{opts.warmup:g} s warm-up; user message {opts.prompt_bytes} bytes; 127.0.0.1 only")
 
     workdir = tempfile.mkdtemp(prefix="ragproxy-bench-")
-    upstream = proxies = spy = None
+    upstream = proxies = spy = relay = None
     results = []
     try:
         upstream = Child([opts.python, os.path.abspath(__file__), "--role", "upstream"], dict(os.environ),
                          None, "fake upstream")
+        if not opts.no_relay:
+            relay = Child([opts.python, os.path.abspath(__file__), "--role", "relay", "--", str(upstream.port)],
+                          dict(os.environ), None, "relay")
         proxies = []
         for pure in modes:
             proxies.append(start_proxy(opts.python, opts.ragproxy, upstream.port, workdir, pure,
@@ -690,8 +742,8 @@ def main(argv=None):
         if opts.py_spy:
             spy = _py_spy_start(proxies[0].pid, opts.py_spy)
             time.sleep(0.5)
-        targets = [("direct", None)] + [("ragproxy-pure" if pure else "ragproxy", child)
-                                        for pure, child in zip(modes, proxies)]
+        targets = [("direct", None)] + ([("relay", relay)] if relay is not None else []) + [
+            ("ragproxy-pure" if pure else "ragproxy", child) for pure, child in zip(modes, proxies)]
         for name in opts.scenario_list:
             rows = []
             for clients in opts.client_counts:
@@ -708,6 +760,8 @@ def main(argv=None):
                 spy.kill()
         for child in proxies or []:
             child.stop(signal.SIGINT)
+        if relay is not None:
+            relay.stop(None)
         if upstream is not None:
             upstream.stop(None)
         shutil.rmtree(workdir, ignore_errors=True)

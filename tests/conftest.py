@@ -7,6 +7,7 @@ stdlib fallbacks.
 import os
 import sys
 import threading
+import time
 
 import pytest
 
@@ -23,6 +24,21 @@ import ragproxy  # noqa: E402
 from fake_upstream import FakeUpstream  # noqa: E402
 
 API_KEY = "rp-test-key-0001"
+
+
+def logged_rows(app, count, timeout=5.0):
+    """The request log's rows once it holds at least ``count`` (or the timeout passes).
+
+    A proxied call is logged just after its answer is sent, so a client can
+    hold the answer a moment before the entry exists.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        assert app.request_log.flush()
+        rows = app.request_log.query()
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.01)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 import ragproxy
-from conftest import ADMIN_KEY, API_KEY, AdminClient, proxy_config
+from conftest import ADMIN_KEY, API_KEY, AdminClient, logged_rows, proxy_config
 
 GUIDE = """# Runbook
 
@@ -345,7 +345,7 @@ def test_a_proxied_request_appears_in_the_log_with_its_chunks(admin_proxy, fake)
     reply = client.chat.completions.create(model="llama3", messages=[{"role": "user",
                                                                       "content": "When does the pager rotate?"}])
     assert "FOUND: every Tuesday at noon" in reply.choices[0].message.content
-    admin_proxy.app.request_log.flush()
+    logged_rows(admin_proxy.app, 1)
     status, _, logs = admin.get("/admin/api/logs?kb=ops&outcome=retrieved")
     assert status == 200 and len(logs["entries"]) == 1
     entry = logs["entries"][0]

@@ -284,7 +284,7 @@ def test_changed_chunking_settings_rebuild_every_file(tmp_path, docs):
     assert not smaller.index().committed  # and the next run with the same settings has nothing to do
 
 
-@pytest.mark.parametrize("compact", ["int8", "float16"])
+@pytest.mark.parametrize("compact", ["int8", "float16", "binary"])
 def test_compact_vectors_from_config(tmp_path, docs, compact):
     config = ragproxy.Config.from_text(f"""
 providers:
@@ -298,5 +298,5 @@ knowledge_bases:
     kb = ragproxy.KnowledgeBase(spec, str(tmp_path), embedder=_SlowEmbedder())
     kb.index()
     generation, _ = kb.current()
-    assert generation.compact_kind == {"int8": "i8", "float16": "f16"}[compact]
+    assert generation.compact_kind == {"int8": "i8", "float16": "f16", "binary": "b1"}[compact]
     assert kb.search("beta retries failed uploads", 1)[0].chunk["source"] == "kb/b.md"

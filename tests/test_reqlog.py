@@ -453,8 +453,8 @@ def test_proxied_calls_are_logged_and_counted(make_proxy, fake, tmp_path):
     fake.fail_next(500, path="/v1/chat/completions")
     with pytest.raises(openai.APIStatusError):
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
-    assert p.app.request_log.flush()
-    rows = p.app.request_log.query()
+    from conftest import logged_rows
+    rows = logged_rows(p.app, 3)
     assert len(rows) == 3
     by_model = {(r["model"], r["streamed"]): r for r in rows}
     hit = by_model[("llama3", False)]
@@ -479,8 +479,8 @@ def test_query_text_logged_only_when_asked(make_proxy, fake, tmp_path):
     p = _proxy_with_kb(make_proxy, fake, tmp_path, log_query=True)
     openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0).chat.completions.create(
         model="llama3", messages=[{"role": "user", "content": "purple elephant?"}])
-    p.app.request_log.flush()
-    assert p.app.request_log.query()[0]["query"] == "purple elephant?"
+    from conftest import logged_rows
+    assert logged_rows(p.app, 1)[0]["query"] == "purple elephant?"
 
 
 def test_writer_waits_for_its_period_not_for_each_entry(tmp_path):
@@ -501,3 +501,30 @@ def test_writer_waits_for_its_period_not_for_each_entry(tmp_path):
         while rl.written < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert rl.written == 1          # and without a flush, once the period is over
+
+
+def test_a_failure_while_logging_a_call_costs_its_answer_nothing(make_proxy, fake):
+    # The call is logged after its answer is sent, so a broken metrics or log
+    # backend cannot turn a good answer into a 500.
+    import openai
+    from conftest import API_KEY
+    p = make_proxy()
+    seen = []
+
+    class Failing(ragproxy.Metrics):
+        def observe_request(self, entry):
+            seen.append(entry["status"])
+            if len(seen) == 1:
+                raise RuntimeError("metrics backend broke")
+            super().observe_request(entry)
+
+    p.app.metrics = Failing()
+    client = openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0)
+    for text in ("first", "second"):
+        reply = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": text}])
+        assert reply.choices[0].message.content == "ECHO: " + text
+    deadline = time.monotonic() + 5
+    while len(seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == [200, 200]
+    assert 'ragproxy_requests_total{model="gpt-4o",outcome="none",status="200"} 1' in p.app.metrics.render()

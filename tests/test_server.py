@@ -265,3 +265,48 @@ def test_generic_v1_path_forwarded_to_catch_all(proxy, fake):
                  b"\r\n\r\n")
     _read_response(sock)
     assert fake.last.path == "/v1/models/fake-model"
+
+
+def _send_slowly(sock, data):
+    try:
+        for i in range(len(data)):  # one byte per segment: the head is never all buffered
+            sock.sendall(data[i:i + 1])
+            time.sleep(0.0002)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused before the end: the answer is waiting to be read
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["buffered", "trickled"])
+def test_request_heads_parse_alike_however_they_arrive(proxy, fake, trickle):
+    send = _send_slowly if trickle else (lambda sock, data: sock.sendall(data))
+    crlf = _post("/v1/chat/completions", CHAT, {"Content-Type": "application/json", "X-Trace": "one",
+                                                 "X-Folded": "first"})
+    crlf = crlf.replace(b"X-Folded: first\r\n", b"X-Folded: first\r\n   second\r\n")
+    crlf = crlf.replace(b"X-Trace: one\r\n", b"X-Trace: one\r\nx-trace: two\r\n")
+    head, body = crlf.split(b"\r\n\r\n", 1)
+    for raw in (crlf, head.replace(b"\r\n", b"\n") + b"\n\n" + body):  # and bare LF line ends
+        sock = _connect(proxy)
+        send(sock, raw)
+        status, _, payload = _read_response(sock)
+        sock.close()
+        assert status == 200 and json.loads(payload)["choices"][0]["message"]["content"] == "ECHO: hi"
+        got = fake.last.headers
+        assert got["x-trace"] == "one, two" and got["x-folded"] == "first second"
+        assert API_KEY not in got.get("authorization", "")  # authenticated, and the key not forwarded
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["buffered", "trickled"])
+def test_bad_request_heads_are_refused_however_they_arrive(proxy, trickle):
+    send = _send_slowly if trickle else (lambda sock, data: sock.sendall(data))
+    cases = [
+        (b"GET /v1/models HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 101 + b"\r\n", 431),
+        (b"GET /v1/models HTTP/1.1\r\nNo colon here\r\n\r\n", 400),
+        (b"GET /v1/models HTTP/1.1\r\n: no name\r\n\r\n", 400),
+    ]
+    for raw, want in cases:
+        sock = _connect(proxy)
+        send(sock, raw)
+        status, headers, payload = _read_response(sock)
+        sock.close()
+        assert status == want and json.loads(payload)["error"]
+        assert headers["connection"] == "close"

@@ -547,8 +547,108 @@ def test_compact_scan_on_several_threads_matches_the_plain_product():
     compact = rng.integers(-127, 128, size=(n, 6), dtype=np.int8)
     query = rng.standard_normal(6).astype(np.float32)
     scores = np.full(n, np.nan, dtype=np.float32)
-    ragproxy._compact_scan(compact, query, scores)
+    ragproxy._parallel_rows(n, ragproxy._SCAN_BLOCK, ragproxy._float_scan(compact, query, scores))
     assert np.allclose(scores, compact.astype(np.float32) @ query, rtol=1e-5, atol=1e-4)
+
+
+def clustered_rows(n, dim, seed, clusters=12):
+    """Unit rows around a few centres, as embeddings group by topic."""
+    rng = random.Random(seed)
+    centres = random_rows(clusters, dim, seed=seed + 1)
+    rows = []
+    for _ in range(n):
+        centre = centres[rng.randrange(clusters)]
+        rows.append(unit([c + 0.8 * rng.gauss(0.0, 1.0) for c in centre]))
+    return rows
+
+
+def test_binary_codes_are_sign_bits_in_whole_words(tmp_path, mode):
+    store = ragproxy.KBStore(str(tmp_path / "kb"), compact="b1")
+    dim = 70  # not a multiple of 8 or 64: the last word is part padding
+    rows = [[1.0 if j % 3 == 0 else -1.0 for j in range(dim)],
+            [0.0] * (dim - 1) + [0.5],  # zero counts as not positive
+            [-1.0] * dim]
+    with store.begin() as w:
+        w.add_chunks({"id": str(i), "text": "t"} for i in range(3))
+        w.add_vectors(rows)
+    with open(os.path.join(store.current().dir, "vectors.b1.npy"), "rb") as f:
+        data = f.read()
+    width = 16  # 70 bits -> two 64-bit words
+    body = data[-3 * width:]
+    assert len(data) == 128 + 3 * width  # the streamed .npy header, then the rows
+    expect = [int("".join("1" if x > 0 else "0" for x in row).ljust(8 * width, "0"), 2).to_bytes(width, "big")
+              for row in rows]
+    assert [body[i * width:(i + 1) * width] for i in range(3)] == expect
+    if mode == "numpy":
+        np = ragproxy._np
+        loaded = np.load(os.path.join(store.current().dir, "vectors.b1.npy"))
+        assert loaded.dtype == np.uint8 and loaded.shape == (3, width)
+
+
+def test_binary_search_recall_and_exact_scores(tmp_path, mode):
+    store = ragproxy.KBStore(str(tmp_path / "kb"), compact="b1")
+    n, dim = (3000 if mode == "numpy" else 600), 64
+    rows = clustered_rows(n, dim, seed=5)
+    with store.begin() as w:
+        w.add_chunks({"id": str(i), "text": "t"} for i in range(n))
+        w.add_vectors(rows)
+    gen = store.current()
+    assert gen.compact_kind == "b1"
+    hits = total = 0
+    rng = random.Random(6)
+    queries = [[x + 0.05 * rng.gauss(0.0, 1.0) for x in rows[rng.randrange(n)]] for _ in range(12)]
+    for query in queries:  # near the rows, as a question is near its answers
+        exact = gen.dense_search(query, 10, use_compact=False)
+        approx = gen.dense_search(query, 10)  # auto: binary first with numpy, exact scan without
+        forced = gen.dense_search(query, 10, use_compact=True)
+        assert approx == (forced if mode == "numpy" else exact)
+        exact_scores = dict(ragproxy.dense_top_k(gen.vectors, query, n))
+        for row, score in forced:  # re-scored against float32
+            assert score == pytest.approx(exact_scores[row], abs=1e-6)
+        assert [s for _, s in forced] == sorted((s for _, s in forced), reverse=True)
+        hits += len({r for r, _ in exact} & {r for r, _ in forced})
+        total += 10
+    assert hits / total >= 0.97
+    # A pool as small as k keeps only the Hamming order: recall must drop.
+    small = sum(len({r for r, _ in gen.dense_search(q, 10, use_compact=False)}
+                    & {r for r, _ in gen.dense_search(q, 10, oversample=1, use_compact=True)})
+                for q in queries)
+    assert small < hits
+    assert gen.dense_search(random_rows(1, dim)[0], 10, candidates=[3, 4], use_compact=True) == \
+        gen.dense_search(random_rows(1, dim)[0], 10, candidates=[3, 4], use_compact=False)
+
+
+def test_binary_pool_grows_with_k_and_with_the_collection():
+    assert ragproxy.binary_pool(100, 10) == 100
+    assert ragproxy.binary_pool(50000, 10) == 10 * ragproxy._BINARY_POOL_PER_K
+    assert ragproxy.binary_pool(50000, 50) == 50 * ragproxy._BINARY_POOL_PER_K
+    assert ragproxy.binary_pool(10 ** 7, 10) == -(-10 ** 7 // ragproxy._BINARY_POOL_SHARE)
+
+
+def test_hamming_scan_on_several_threads_counts_differing_bits():
+    if ragproxy._np is None:
+        pytest.skip("numpy disabled")
+    np = ragproxy._np
+    rng = np.random.default_rng(4)
+    n = 2 * ragproxy._SCAN_PARALLEL_ROWS + 777
+    codes = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
+    query = rng.integers(0, 256, size=16, dtype=np.uint8)
+    expect = np.unpackbits(codes ^ query, axis=1).sum(axis=1)
+    for words, qwords in ((codes.view(np.uint64), query.view(np.uint64)), (codes, query)):
+        dist = np.full(n, 999, dtype=np.uint16)
+        ragproxy._parallel_rows(n, ragproxy._BINARY_BLOCK, ragproxy._hamming_scan(words, qwords, dist))
+        assert (dist == expect).all()
+
+
+def test_numpy_nearest_takes_the_smallest_distances_ties_to_lower_rows():
+    if ragproxy._np is None:
+        pytest.skip("numpy disabled")
+    np = ragproxy._np
+    rng = random.Random(8)
+    dist = np.asarray([rng.randrange(40) for _ in range(5000)], dtype=np.uint16)
+    ranked = sorted(range(len(dist)), key=lambda i: (int(dist[i]), i))
+    for want in (1, 7, 100, 4999, 5000):
+        assert sorted(ragproxy._np_nearest(dist, want).tolist()) == sorted(ranked[:want])
 
 
 def test_a_finalizer_releasing_a_generation_under_the_registry_lock_does_not_deadlock():

@@ -227,3 +227,52 @@ def test_closing_a_response_mid_body_stops_the_upstream(pool, serve):
     assert resp.read1()
     resp.close()
     assert stopped.wait(3.0)  # the server saw the connection go away
+
+
+def _send_slowly(conn, data):
+    for i in range(len(data)):  # one byte per segment: no head is ever all buffered
+        conn.sendall(data[i:i + 1])
+        time.sleep(0.0005)
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["buffered", "trickled"])
+def test_response_heads_parse_alike_however_they_arrive(pool, serve, trickle):
+    heads = [
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Twice: a\r\nX-Twice: b\r\n"
+        b"X-Space:   padded  \r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\nContent-Type: text/plain\nX-Twice: a\nX-Twice: b\n"  # bare LF line ends
+        b"X-Space:   padded  \nContent-Length: 2\n\nok",
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\nX-Twice: a\r\nX-Twice: b\n"  # mixed
+        b"X-Space:   padded  \r\nContent-Length: 2\r\n\r\nok",
+    ]
+    send = _send_slowly if trickle else (lambda conn, data: conn.sendall(data))
+    server = serve(lambda n, conn, req: send(conn, heads[n - 1]))
+    for _ in heads:
+        resp = call(pool, server.url + "/x")
+        assert resp.status == 200 and resp.read_all() == b"ok"
+        named = [(k.lower(), v) for k, v in resp.headers]
+        assert [v for k, v in named if k == "x-twice"] == ["a", "b"]
+        # http.client keeps trailing blanks in a value; ours strips them (RFC 9110 5.5).
+        padded = resp.header("x-space")
+        assert (padded == "padded" if isinstance(pool, ragproxy._SocketPool) else padded.strip() == "padded")
+        assert resp.header("content-type") == "text/plain"
+    assert server.connections == 1  # every answer was framed right, so the connection was reused
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["buffered", "trickled"])
+def test_malformed_response_heads_are_refused_however_they_arrive(serve, trickle):
+    send = _send_slowly if trickle else (lambda conn, data: conn.sendall(data))
+    bad = [
+        b"HTTP/1.1 200 OK\r\nNo colon here\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"X-Many: 1\r\n" * 201 + b"Content-Length: 0\r\n\r\n",
+        b"\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+    ]
+    server = serve(lambda n, conn, req: (send(conn, bad[(n - 1) % len(bad)]), "close")[1])
+    pool = ragproxy._SocketPool()
+    try:
+        for _ in bad:
+            with pytest.raises(ragproxy.UpstreamError) as err:
+                call(pool, server.url + "/x")
+            assert err.value.kind == "unreachable"
+    finally:
+        pool.close()
