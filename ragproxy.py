@@ -5278,6 +5278,10 @@ def _binary_width(dim):
     return -(-dim // 64) * 8
 
 
+_BITWISE_COUNT = getattr(_np, "bitwise_count", None)
+_POPCOUNT8 = None if _np is None else _np.array([bin(i).count("1") for i in range(256)], dtype=_np.uint8)
+
+
 def _np_nearest(dist, want):
     """Row numbers of the `want` smallest distances (ties to the lower row).
 
@@ -5292,10 +5296,12 @@ def _np_nearest(dist, want):
     return _np.concatenate((below, at_cut))
 
 
-def _hamming_scan(words, qwords, dist):
-    """A block scanner (for _parallel_rows): dist[i] = bits differing in row i."""
-    count = getattr(_np, "bitwise_count", None)  # numpy 2.0+
+def _hamming_scan(words, qwords, dist, count=_BITWISE_COUNT):
+    """A block scanner (for _parallel_rows): dist[i] = bits differing in row i.
 
+    ``count`` is numpy's popcount ufunc (numpy 2.0+); without it a 256-entry
+    table counts byte by byte, several times slower.
+    """
     def scan(lo, hi):
         block = words[lo:hi] ^ qwords
         if count is not None:
@@ -5305,7 +5311,6 @@ def _hamming_scan(words, qwords, dist):
     return scan
 
 
-_POPCOUNT8 = None if _np is None else _np.array([bin(i).count("1") for i in range(256)], dtype=_np.uint8)
 _SCAN_BLOCK = 8192          # rows per float32 temporary (12 MiB at 384 dims): stays in cache
 _BINARY_BLOCK = 32768       # rows per XOR temporary (1.5 MiB at 384 dims)
 _SCAN_PARALLEL_ROWS = 65536  # below this, starting threads costs more than it saves
