@@ -7783,7 +7783,10 @@ class KnowledgeBase:
             full = True
         old_manifest = old.manifest if old is not None and not full else {}
         files = self.scan()
-        uploaded = None  # the upload manifest, read once the first file needs reading
+        # Read every pass: an upload moves its files in before it records their
+        # names, so a pass in between saw them under their stored names, and
+        # the name alone must be able to make a file count as changed.
+        uploaded = read_manifest(self.documents_dir)
         self.status["total"] = len(files)
         manifest, kept = {}, []
         batch = _EmbedBatch(self, old_bm25.vocab if old_manifest and old_bm25 is not None else None,
@@ -7794,21 +7797,23 @@ class KnowledgeBase:
                 if progress:
                     progress(n, len(files), source)
                 before = old_manifest.get(source)
-                if before and before.get("size") == size and before.get("mtime") == mtime and "hash" in before:
+                shown = self._shown_name(source, uploaded)
+                same_name = before is not None and before.get("shown", source) == shown
+                if same_name and before.get("size") == size and before.get("mtime") == mtime and "hash" in before:
                     manifest[source] = before
                     kept.append(source)
                     continue
-                if uploaded is None:
-                    uploaded = read_manifest(self.documents_dir)
-                fresh = self._read_and_chunk(source, path, size, report, self._shown_name(source, uploaded))
+                fresh = self._read_and_chunk(source, path, size, report, shown)
                 if fresh is None:
                     continue
                 digest, chunks = fresh
-                if before and before.get("hash") == digest:
+                if same_name and before.get("hash") == digest:
                     manifest[source] = dict(before, size=size, mtime=mtime)
                     kept.append(source)
                     continue
                 entry = {"size": size, "mtime": mtime, "hash": digest, "chunk_ids": [c.id for c in chunks]}
+                if shown != source:
+                    entry["shown"] = shown
                 if before:
                     report.changed += 1
                 else:

@@ -44,6 +44,22 @@ def test_index_and_search(tmp_path, docs):
     assert code.chunk["symbol"] == "open_pool" and code.chunk["line_start"] == 1
 
 
+def test_an_upload_indexed_before_its_name_was_recorded_is_renamed_on_the_next_pass(tmp_path, docs):
+    # Uploads move files in, then record their names in manifest.json; an
+    # index pass in between sees only the stored uuid name.
+    stored = "0123456789abcdef0123456789abcdef.md"
+    write(str(docs / stored), "# Backups\n\nRestores are rehearsed every quarter.\n")
+    kb = make_kb(tmp_path)
+    kb.index()
+    assert kb.search("who rehearses restores", 1)[0].chunk["source"] == "kb/" + stored
+    ragproxy._write_manifest(str(docs), {stored: {"name": "guides/backup.md", "size": 1, "sha256": "x",
+                                                  "uploaded_at": 0}})
+    report = kb.index()
+    assert (report.changed, report.unchanged) == (1, 3)  # the file's bytes did not change, its name did
+    assert kb.search("who rehearses restores", 1)[0].chunk["source"] == "kb/guides/backup.md"
+    assert not kb.index().committed  # and from then on it stays put
+
+
 def test_incremental_touches_only_changed_files(tmp_path, docs):
     kb = make_kb(tmp_path)
     kb.index()
