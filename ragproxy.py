@@ -26,19 +26,20 @@ Sections (each behind a ``# === N. Title ===`` banner, in dependency order):
   6. Text analysis and BM25
   7. Documents
   8. Chunking
-  9. Vector store
-  10. Embeddings and reranking
-  11. Context injection
-  12. Knowledge bases
-  13. API dialects
-  14. Retrieval
-  15. Request log and metrics
-  16. Proxy core
-  17. Ollama translation
-  18. Uploads
-  19. Admin API
-  20. HTTP server
-  21. Command line
+  9. Dense search
+  10. Vector store
+  11. Embeddings and reranking
+  12. Context injection
+  13. Knowledge bases
+  14. API dialects
+  15. Retrieval
+  16. Request log and metrics
+  17. Proxy core
+  18. Ollama translation
+  19. Uploads
+  20. Admin API
+  21. HTTP server
+  22. Command line
 """
 from __future__ import annotations
 
@@ -106,23 +107,25 @@ __all__ = [
     # 3-4. configuration, upstream HTTP
     "Config", "ConfigError", "ConfigFile", "Provider", "ModelRoute", "DEFAULT_CONFIG_TEMPLATE", "DEFAULT_INJECT_TEMPLATE",
     "write_default_config", "DEFAULT_HOST", "DEFAULT_PORT", "UpstreamError", "UpstreamResponse", "make_http_pool",
-    # 5-7. text analysis, documents, vector store
+    # 6-8. text analysis, documents, chunking
     "Analyzer", "BM25Index", "BM25_K1", "BM25_B", "stem_english", "ENGLISH_STOPWORDS", "Chunk", "Document",
     "SkipFile", "extract", "chunk_document", "count_tokens", "DEFAULT_CHUNK_SIZE", "DEFAULT_CHUNK_OVERLAP",
-    "DEFAULT_MAX_BYTES", "KBStore", "Generation", "GenerationWriter", "StoreError", "dense_top_k",
-    "dense_top_k_compact", "dense_top_k_binary", "binary_pool",
-    # 8-10. embeddings, injection, knowledge bases
+    "DEFAULT_MAX_BYTES",
+    # 9-10. dense search, vector store
+    "dense_top_k", "dense_top_k_compact", "dense_top_k_binary", "binary_pool",
+    "KBStore", "Generation", "GenerationWriter", "StoreError",
+    # 11-13. embeddings, injection, knowledge bases
     "EmbeddingError", "EmbeddingRateLimited", "EmbeddingTransient", "EmbeddingFatal", "RerankError",
     "BackoffGate", "EmbeddingCache", "EmbeddingClient", "RerankClient", "parse_retry_after",
     "DEFAULT_CHUNK_TEMPLATE", "INJECT_MODES", "QUERY_SOURCES", "extract_query", "turn_key", "render_context", "estimate_tokens_text", "inject",
     "KBSpec", "KnowledgeBase", "Hit", "IndexReport",
-    # 11-17. dialects, retrieval, proxy core
+    # 13-17. knowledge bases, dialects, retrieval, proxy core
     "Endpoint", "ENDPOINTS", "KnowledgeBases", "Retriever", "RetrievalFailed", "Retrieved", "split_model_kbs",
     "App", "Request", "Response", "StreamResponse", "Exchange", "ClientError",
-    # 18-19. uploads, admin API
+    # 19-20. uploads, admin API
     "Uploads", "UploadError", "UploadLimits", "UploadedPart", "ALLOWED_UPLOAD_EXTS", "ARCHIVE_EXTS",
     "parse_multipart", "safe_relative_path", "expand_archive", "read_manifest", "cleanup_staging", "Admin", "issue_token", "verify_token", "remove_deleted_kbs",
-    # 20-21. server, command line
+    # 21-22. server, command line
     "make_server", "ConfigWatcher", "version_text", "main",
 ]
 
@@ -1978,7 +1981,7 @@ def _buffered_head_lines(rfile):
     client parse a head per request).  None, with nothing consumed, means
     the caller's line-by-line parser must do it: the head continues past
     the buffer, or it has a bare LF or CR, which that parser judges.
-    Used by the upstream client (section 4) and the HTTP server (section 20).
+    Used by the upstream client (section 4) and the HTTP server (section 21).
     """
     buf = rfile.peek(1)
     if buf[:2] == b"\r\n":
@@ -5027,20 +5030,15 @@ def _finalize(doc, raw, strategy):
     return chunks
 
 
-# === 9. Vector store ===
-# Each knowledge base lives in DATA_DIR/vectordb/<kb>/ as numbered, immutable
-# generations (g000001/, g000002/, ...) plus a CURRENT file naming the one in
-# use.  A writer fills a private temp directory and commits by renaming it to
-# the next generation name and then atomically replacing CURRENT, so a crash
-# at any moment leaves the old or the new generation visible, never a mix.
-# Files stay readable by plain tools: chunks.jsonl is JSON lines, vectors.npy
-# is a standard .npy v1.0 file that numpy.load opens.
+# === 9. Dense search ===
+# Exact cosine top-k over float32 rows (numpy, else plain Python), and the
+# compact copies a knowledge base may keep beside them: int8 or float16 rows,
+# or one sign bit per dimension, scanned first and then re-scored exactly.
+# Functions of arrays only; the vector store (section 10) keeps the arrays on
+# disk and picks which search a generation gets.
 #
-# Public names: KBStore, Generation, GenerationWriter, StoreError,
-#               dense_top_k, dense_top_k_compact, dense_top_k_binary, binary_pool
+# Public names: dense_top_k, dense_top_k_compact, dense_top_k_binary, binary_pool
 
-
-# --- dense search -------------------------------------------------------------
 
 def _unit(query_vec):
     """The query as a list of floats of length 1, or None for a zero vector."""
@@ -5401,6 +5399,18 @@ def _compact_rows(rows, kind):
         scales.append(scale)
         out.append([max(-127, min(127, int(round(x / scale)))) for x in row])
     return out, scales
+
+
+# === 10. Vector store ===
+# Each knowledge base lives in DATA_DIR/vectordb/<kb>/ as numbered, immutable
+# generations (g000001/, g000002/, ...) plus a CURRENT file naming the one in
+# use.  A writer fills a private temp directory and commits by renaming it to
+# the next generation name and then atomically replacing CURRENT, so a crash
+# at any moment leaves the old or the new generation visible, never a mix.
+# Files stay readable by plain tools: chunks.jsonl is JSON lines, vectors.npy
+# is a standard .npy v1.0 file that numpy.load opens.
+#
+# Public names: KBStore, Generation, GenerationWriter, StoreError
 
 
 # --- generations on disk ------------------------------------------------------
@@ -6205,7 +6215,7 @@ class KBStore:
         return "<KBStore %s>" % self.root
 
 
-# === 10. Embeddings and reranking ===
+# === 11. Embeddings and reranking ===
 # Dense vectors come from a local embedding server (any OpenAI-compatible
 # /v1/embeddings, or Ollama's /api/embed); retrieved passages may be reordered
 # by a cross-encoder rerank server.  Neither client sleeps or retries on its
@@ -6945,7 +6955,7 @@ class RerankClient:
         return RerankError(head, False, status)
 
 
-# === 11. Context injection ===
+# === 12. Context injection ===
 # What to search for, and where retrieved context goes, in each request format.
 # Pure functions over parsed JSON bodies; retrieval happens elsewhere.
 #
@@ -7462,7 +7472,7 @@ def _with_text(content, text, prepend, part_type):
     return text
 
 
-# === 12. Knowledge bases ===
+# === 13. Knowledge bases ===
 # A KnowledgeBase turns its sources into generations of the vector store and
 # answers searches from the committed generation: BM25 always, dense vectors
 # when an embedding provider is configured, both fused (by default on scores
@@ -7483,7 +7493,7 @@ _SETTINGS_FILE = "settings.json"
 _COMPACT_KINDS = {"int8": "i8", "float16": "f16", "binary": "b1"}  # config name -> vector store name
 
 
-# The upload manifest in a KB's documents folder (written by section 18): not a
+# The upload manifest in a KB's documents folder (written by section 19): not a
 # document itself, and the source of uploaded files' original names.
 _UPLOAD_MANIFEST = "manifest.json"
 
@@ -8219,7 +8229,7 @@ class _ForwardIndex:
         return out
 
 
-# === 13. API dialects ===
+# === 14. API dialects ===
 # The four client APIs differ in error shapes, stream framing and how a failure
 # after the first byte is reported.  Everything format-specific the proxy core
 # needs lives here, keyed by dialect name.
@@ -8348,7 +8358,7 @@ def _is_event_stream(content_type):
     return ct in ("text/event-stream", "application/x-ndjson", "application/jsonl", "application/json-seq")
 
 
-# === 14. Retrieval ===
+# === 15. Retrieval ===
 # Between parsing a client's request and forwarding it: pick the knowledge
 # bases, search once per human turn, render the context and inject it.  Agent
 # loops send many requests per human turn; every one of them gets the identical
@@ -8698,7 +8708,7 @@ class Retriever:
         return out or hits
 
 
-# === 15. Request log and metrics ===
+# === 16. Request log and metrics ===
 # One entry dict per proxied request feeds both the SQLite request log (for the
 # dashboard and audits) and the Prometheus registry (for /metrics).  Logging must
 # never slow a request: record() only queues; a writer thread does the SQL.
@@ -9490,7 +9500,7 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-# === 16. Proxy core ===
+# === 17. Proxy core ===
 # Transport-neutral: App.handle() takes a parsed Request and returns a Response
 # or a StreamResponse.  Retrieval plugs in as a rewriter between parsing the
 # client's request and forwarding it (App.rewriters).
@@ -10047,7 +10057,7 @@ def _last_event_end(buf, sse):
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
-# === 17. Ollama translation ===
+# === 18. Ollama translation ===
 # Tools that speak Ollama's native API (/api/chat, /api/generate) can be served
 # by an OpenAI-compatible upstream: requests become chat completions and the
 # answer (JSON or SSE) is turned back into Ollama JSON or NDJSON.
@@ -10228,7 +10238,7 @@ def _sse_to_ndjson(upstream, reply):
         yield _json_bytes({"error": f"upstream failed mid-stream: {exc}"}) + b"\n"
 
 
-# === 18. Uploads ===
+# === 19. Uploads ===
 # The admin panel uploads files, folders and archives into a knowledge base's
 # documents folder.  Everything lands first in a staging folder beside the
 # documents folder (same filesystem, so the final os.replace is a rename, and
@@ -10924,7 +10934,7 @@ def _remove_leftover_dirs(root, prefix, abandoned=lambda path: True):
     return removed
 
 
-# === 19. Admin API ===
+# === 20. Admin API ===
 # JSON endpoints under /admin/api/ and the web panel at /.  Sessions are
 # HS256 JWTs signed with the panel secret key; every change goes through
 # ConfigFile (validated, atomic, previous file kept), so a restart comes back
@@ -11773,7 +11783,7 @@ def _openapi_document():
     }
 
 
-# === 20. HTTP server ===
+# === 21. HTTP server ===
 
 # A thin adapter from http.server to App.handle(): parse the wire request,
 # enforce size limits, write the response in as few writes as possible (the
@@ -12190,7 +12200,7 @@ def make_server(app, host="127.0.0.1", port=0):
     return _Server((host, port), app)
 
 
-# === 21. Command line ===
+# === 22. Command line ===
 # ``python ragproxy.py [serve] ...``: the data directory, logging, the config
 # file watcher and the server loop.
 
