@@ -4,7 +4,9 @@ Both run in-process on real sockets (port 0), so the wire is real while the
 tests stay fast.  RAGPROXY_PURE=1 in the environment runs everything on the
 stdlib fallbacks.
 """
+import math
 import os
+import random
 import sys
 import threading
 import time
@@ -211,3 +213,33 @@ def make_admin_proxy(fake, tmp_path, _running):
 @pytest.fixture
 def admin_proxy(make_admin_proxy):
     return make_admin_proxy()
+
+
+# --- dense vectors (test_dense, test_store) -------------------------------------
+
+@pytest.fixture(params=["numpy", "pure"])
+def mode(request, monkeypatch):
+    """Run a test with ragproxy's numpy path and with its stdlib fallback."""
+    if request.param == "numpy":
+        if ragproxy._np is None:
+            pytest.skip("numpy disabled (RAGPROXY_PURE=1 or not installed)")
+    else:
+        monkeypatch.setattr(ragproxy, "_np", None)
+    return request.param
+
+
+def random_rows(n, dim, seed=0):
+    rng = random.Random(seed)
+    return [[rng.gauss(0.0, 1.0) for _ in range(dim)] for _ in range(n)]
+
+
+def unit(row):
+    norm = math.sqrt(sum(x * x for x in row))
+    return [x / norm for x in row]
+
+
+def brute_force(rows, query, k):
+    q = unit(query)
+    scored = [(sum(a * b for a, b in zip(unit(r), q)), i) for i, r in enumerate(rows)]
+    scored.sort(key=lambda t: (-t[0], t[1]))
+    return scored[:k]

@@ -1,7 +1,7 @@
-"""Tests for the vector store: .npy I/O, crash-safe generations, dense search."""
+"""Tests for the vector store (section 10) and the array files it is made of (section 5):
+.npy I/O, crash-safe generations, and dense search on stored generations."""
 import json
 import logging
-import math
 import os
 import random
 import signal
@@ -13,40 +13,13 @@ import time
 import pytest
 
 import ragproxy
+from conftest import brute_force, random_rows, unit
 
 
 # --- helpers -----------------------------------------------------------------
 
-@pytest.fixture(params=["numpy", "pure"])
-def mode(request, monkeypatch):
-    """Run a test with ragproxy's numpy path and with its stdlib fallback."""
-    if request.param == "numpy":
-        if ragproxy._np is None:
-            pytest.skip("numpy disabled (RAGPROXY_PURE=1 or not installed)")
-    else:
-        monkeypatch.setattr(ragproxy, "_np", None)
-    return request.param
-
-
-def random_rows(n, dim, seed=0):
-    rng = random.Random(seed)
-    return [[rng.gauss(0.0, 1.0) for _ in range(dim)] for _ in range(n)]
-
-
-def unit(row):
-    norm = math.sqrt(sum(x * x for x in row))
-    return [x / norm for x in row]
-
-
 def as_lists(vectors):
     return [[float(x) for x in row] for row in vectors]
-
-
-def brute_force(rows, query, k):
-    q = unit(query)
-    scored = [(sum(a * b for a, b in zip(unit(r), q)), i) for i, r in enumerate(rows)]
-    scored.sort(key=lambda t: (-t[0], t[1]))
-    return scored[:k]
 
 
 def kb_entries(root):
@@ -444,20 +417,7 @@ def test_concurrent_commits_get_distinct_generations(tmp_path, mode):
     assert gen.number == 10 and len(gen) == 3
 
 
-# --- dense search -----------------------------------------------------------------
-
-def test_dense_top_k_matches_brute_force(mode):
-    rows = random_rows(300, 16, seed=1)
-    vectors = [unit(r) for r in rows]
-    if mode == "numpy":
-        vectors = ragproxy._np.asarray(vectors, dtype=ragproxy._np.float32)
-    for seed in range(5):
-        query = random_rows(1, 16, seed=100 + seed)[0]
-        got = ragproxy.dense_top_k(vectors, query, 10)
-        want = brute_force(rows, query, 10)
-        assert [r for r, _ in got] == [i for _, i in want]
-        assert [s for _, s in got] == pytest.approx([s for s, _ in want], abs=1e-5)
-
+# --- dense search on stored generations ---------------------------------------------
 
 def test_dense_top_k_on_stored_vectors_and_candidates(tmp_path, mode):
     store = ragproxy.KBStore(str(tmp_path / "kb"))
@@ -474,34 +434,6 @@ def test_dense_top_k_on_stored_vectors_and_candidates(tmp_path, mode):
     with pytest.raises(IndexError):
         ragproxy.dense_top_k(gen.vectors, query, 5, candidates=[200])
     assert len(ragproxy.dense_top_k(gen.vectors, query, 1000)) == 200
-
-
-def test_dense_top_k_edge_cases(mode):
-    vectors = [unit([1.0, 0.0]), unit([0.0, 1.0])]
-    assert ragproxy.dense_top_k(vectors, [0.0, 0.0], 3) == []
-    assert ragproxy.dense_top_k([], [1.0, 0.0], 3) == []
-    assert ragproxy.dense_top_k(vectors, [1.0, 0.0], 0) == []
-    with pytest.raises(ValueError, match="dimensions"):
-        ragproxy.dense_top_k(vectors, [1.0, 0.0, 0.0], 3)
-    # Ties go to the lower row, on both paths.
-    tied = [unit([1.0, 1.0])] * 4
-    assert [r for r, _ in ragproxy.dense_top_k(tied, [1.0, 1.0], 2)] == [0, 1]
-
-
-def test_numpy_top_k_selection_matches_a_full_sort():
-    if ragproxy._np is None:
-        pytest.skip("numpy disabled")
-    np = ragproxy._np
-    rng = random.Random(3)
-    for n in (50, 5000, 300000):
-        values = [round(rng.gauss(0.0, 1.0), 2) for _ in range(n)]  # plenty of ties
-        scores = np.asarray(values, dtype=np.float32)
-        ranked = sorted(range(n), key=lambda i: (-float(scores[i]), i)) if n < 10000 else None
-        if ranked is None:
-            as_float = scores.tolist()
-            ranked = sorted(range(n), key=lambda i: (-as_float[i], i))
-        for k in (1, 10, 40):
-            assert ragproxy._np_top(scores, None, k).tolist() == ranked[:k]
 
 
 def test_numpy_and_pure_agree(tmp_path, monkeypatch):
@@ -536,19 +468,6 @@ def test_compact_copy_recall_and_exact_scores(tmp_path, mode, kind):
         hits += len({r for r, _ in exact} & {r for r, _ in approx})
         total += 10
     assert hits / total >= 0.95
-
-
-def test_compact_scan_on_several_threads_matches_the_plain_product():
-    if ragproxy._np is None:
-        pytest.skip("numpy disabled")
-    np = ragproxy._np
-    rng = np.random.default_rng(3)
-    n = 3 * ragproxy._SCAN_PARALLEL_ROWS + 1234  # several slices, ragged block ends
-    compact = rng.integers(-127, 128, size=(n, 6), dtype=np.int8)
-    query = rng.standard_normal(6).astype(np.float32)
-    scores = np.full(n, np.nan, dtype=np.float32)
-    ragproxy._parallel_rows(n, ragproxy._SCAN_BLOCK, ragproxy._float_scan(compact, query, scores))
-    assert np.allclose(scores, compact.astype(np.float32) @ query, rtol=1e-5, atol=1e-4)
 
 
 def clustered_rows(n, dim, seed, clusters=12):
@@ -616,40 +535,6 @@ def test_binary_search_recall_and_exact_scores(tmp_path, mode):
     assert small < hits
     assert gen.dense_search(random_rows(1, dim)[0], 10, candidates=[3, 4], use_compact=True) == \
         gen.dense_search(random_rows(1, dim)[0], 10, candidates=[3, 4], use_compact=False)
-
-
-def test_binary_pool_grows_with_k_and_with_the_collection():
-    assert ragproxy.binary_pool(100, 10) == 100
-    assert ragproxy.binary_pool(50000, 10) == 10 * ragproxy._BINARY_POOL_PER_K
-    assert ragproxy.binary_pool(50000, 50) == 50 * ragproxy._BINARY_POOL_PER_K
-    assert ragproxy.binary_pool(10 ** 7, 10) == -(-10 ** 7 // ragproxy._BINARY_POOL_SHARE)
-
-
-def test_hamming_scan_on_several_threads_counts_differing_bits():
-    if ragproxy._np is None:
-        pytest.skip("numpy disabled")
-    np = ragproxy._np
-    rng = np.random.default_rng(4)
-    n = 2 * ragproxy._SCAN_PARALLEL_ROWS + 777
-    codes = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
-    query = rng.integers(0, 256, size=16, dtype=np.uint8)
-    expect = np.unpackbits(codes ^ query, axis=1).sum(axis=1)
-    for words, qwords in ((codes.view(np.uint64), query.view(np.uint64)), (codes, query)):
-        for count in (ragproxy._BITWISE_COUNT, None):  # numpy 2's popcount, and the table for numpy 1
-            dist = np.full(n, 999, dtype=np.uint16)
-            ragproxy._parallel_rows(n, ragproxy._BINARY_BLOCK, ragproxy._hamming_scan(words, qwords, dist, count))
-            assert (dist == expect).all()
-
-
-def test_numpy_nearest_takes_the_smallest_distances_ties_to_lower_rows():
-    if ragproxy._np is None:
-        pytest.skip("numpy disabled")
-    np = ragproxy._np
-    rng = random.Random(8)
-    dist = np.asarray([rng.randrange(40) for _ in range(5000)], dtype=np.uint16)
-    ranked = sorted(range(len(dist)), key=lambda i: (int(dist[i]), i))
-    for want in (1, 7, 100, 4999, 5000):
-        assert sorted(ragproxy._np_nearest(dist, want).tolist()) == sorted(ranked[:want])
 
 
 def test_a_finalizer_releasing_a_generation_under_the_registry_lock_does_not_deadlock():
