@@ -1891,17 +1891,13 @@ class _SocketPool:
         while True:
             if not rfile.peek(1):
                 raise _StaleConnection()
-            lines = _buffered_head_lines(rfile)
-            if lines is None:
-                lines = self._read_head_lines(rfile)
+            lines = _read_head_lines(rfile, self._MAX_HEADERS + 1, self._MAX_LINE, eof_ends=False)
             if not lines:
                 raise ValueError("not an HTTP response: an empty line")
             version, _, rest = lines[0].partition(" ")
             code, _, reason = rest.partition(" ")
             if not version.startswith("HTTP/") or len(code) != 3 or not code.isdigit():
                 raise ValueError(f"not an HTTP response: {lines[0][:80]!r}")
-            if len(lines) > self._MAX_HEADERS + 1:
-                raise ValueError("response headers are cut short or too large")
             headers, index = [], {}
             for line in lines[1:]:
                 name, sep, value = line.partition(":")
@@ -1914,17 +1910,6 @@ class _SocketPool:
             if 100 <= status < 200 and status != 101:
                 continue  # 100 Continue and other interim answers come before the real one
             return version, status, reason, (headers, index)
-
-    def _read_head_lines(self, rfile):
-        """A head's lines one readline at a time, when it is not all buffered."""
-        lines = []
-        while True:
-            line = rfile.readline(self._MAX_LINE + 1)
-            if line in (b"\r\n", b"\n") and lines:
-                return lines
-            if not line or len(line) > self._MAX_LINE or len(lines) > self._MAX_HEADERS:
-                raise ValueError("response headers are cut short or too large")
-            lines.append(line.decode("latin-1").rstrip("\r\n"))
 
     def _response(self, conn, key, method, version, status, reason, head):
         headers, index = head
@@ -1972,6 +1957,39 @@ class _StaleConnection(Exception):
     """The server closed a pooled connection before answering."""
 
 
+class _HeadTooLarge(ValueError):
+    """A message head over a reader's limits; the text says which."""
+
+
+def _read_head_lines(rfile, max_lines, max_line=65536, eof_ends=True):
+    """The lines of the next message head, without line ends, up to its blank line.
+
+    Used by the upstream client (section 4) and the HTTP server (section 21).
+    _HeadTooLarge for a line over ``max_line`` bytes or more than
+    ``max_lines`` lines.  The end of input ends the head when ``eof_ends``
+    (as http.server has it), else it is a ValueError (a cut-off response).
+    """
+    lines = _buffered_head_lines(rfile)
+    if lines is None:
+        lines = []
+        while True:
+            line = rfile.readline(max_line + 1)
+            if len(line) > max_line:
+                raise _HeadTooLarge("Line too long")
+            if line in (b"\r\n", b"\n"):
+                break
+            if not line:
+                if eof_ends:
+                    break
+                raise ValueError("message head cut short")
+            if len(lines) >= max_lines:
+                raise _HeadTooLarge("Too many headers")
+            lines.append(line.decode("latin-1").rstrip("\r\n"))
+    if len(lines) > max_lines:
+        raise _HeadTooLarge("Too many headers")
+    return lines
+
+
 def _buffered_head_lines(rfile):
     """The lines of a message head already in rfile's buffer, or None.
 
@@ -1979,9 +1997,8 @@ def _buffered_head_lines(rfile):
     split, where a readline, decode and rstrip per line cost about a fifth
     of the proxy's time per request (both its HTTP server and its upstream
     client parse a head per request).  None, with nothing consumed, means
-    the caller's line-by-line parser must do it: the head continues past
-    the buffer, or it has a bare LF or CR, which that parser judges.
-    Used by the upstream client (section 4) and the HTTP server (section 21).
+    _read_head_lines reads it line by line: the head continues past the
+    buffer, or it has a bare LF or CR, which that loop judges.
     """
     buf = rfile.peek(1)
     if buf[:2] == b"\r\n":
@@ -5174,6 +5191,15 @@ def _pure_scores(vectors, q, rows=None):
     return (dot(vectors[i], q) for i in rows)
 
 
+def _query_for_copy(copy, vectors, query_vec, k):
+    """The checked query for scanning a compact copy of ``vectors``; None when nothing can match."""
+    if vectors is None or k <= 0 or not len(vectors):
+        return None
+    if len(copy) != len(vectors):
+        raise ValueError("compact copy has %d rows, vectors have %d" % (len(copy), len(vectors)))
+    return _checked_query(vectors, query_vec)
+
+
 def dense_top_k_compact(compact, vectors, query_vec, k, oversample=4, scales=None, candidates=None):
     """Top-k via a compact copy, re-scored exactly: [(row, score)], best first.
 
@@ -5183,11 +5209,7 @@ def dense_top_k_compact(compact, vectors, query_vec, k, oversample=4, scales=Non
     """
     if compact is None or candidates is not None:
         return dense_top_k(vectors, query_vec, k, candidates)
-    if vectors is None or k <= 0 or not len(vectors):
-        return []
-    if len(compact) != len(vectors):
-        raise ValueError("compact copy has %d rows, vectors have %d" % (len(compact), len(vectors)))
-    q = _checked_query(vectors, query_vec)
+    q = _query_for_copy(compact, vectors, query_vec, k)
     if q is None:
         return []
     n = len(vectors)
@@ -5236,11 +5258,7 @@ def dense_top_k_binary(codes, vectors, query_vec, k, pool=None, candidates=None)
     """
     if codes is None or candidates is not None:
         return dense_top_k(vectors, query_vec, k, candidates)
-    if vectors is None or k <= 0 or not len(vectors):
-        return []
-    if len(codes) != len(vectors):
-        raise ValueError("binary codes have %d rows, vectors have %d" % (len(codes), len(vectors)))
-    q = _checked_query(vectors, query_vec)
+    q = _query_for_copy(codes, vectors, query_vec, k)
     if q is None:
         return []
     n = len(vectors)
@@ -5253,13 +5271,12 @@ def dense_top_k_binary(codes, vectors, query_vec, k, pool=None, candidates=None)
         _parallel_rows(n, _BINARY_BLOCK, _hamming_scan(words, qwords, dist))
         return dense_top_k(vectors, q, k, _np_nearest(dist, want))
     qint = int.from_bytes(qcode, "big")
-    dist = ((qint ^ int.from_bytes(codes.row_bytes(i), "big")).bit_count() if _HAS_BIT_COUNT else
-            bin(qint ^ int.from_bytes(codes.row_bytes(i), "big")).count("1") for i in range(n))
+    dist = (_popcount(qint ^ int.from_bytes(codes.row_bytes(i), "big")) for i in range(n))
     picked = heapq.nsmallest(want, zip(dist, range(n)))
     return dense_top_k(vectors, q, k, [row for _, row in picked])
 
 
-_HAS_BIT_COUNT = hasattr(int, "bit_count")  # 3.10+
+_popcount = getattr(int, "bit_count", None) or (lambda x: bin(x).count("1"))  # int.bit_count: 3.10+
 
 
 def _sign_bits(row, width):
@@ -10242,15 +10259,16 @@ def _sse_to_ndjson(upstream, reply):
 # The admin panel uploads files, folders and archives into a knowledge base's
 # documents folder.  Everything lands first in a staging folder beside the
 # documents folder (same filesystem, so the final os.replace is a rename, and
-# outside every KB folder, so the indexer never sees half an upload); only an
+# outside every KB folder, so the indexer never sees half a file); only an
 # upload that passed every check is moved in, and a rejected one leaves
-# nothing behind.  Stored files get random names (<uuid hex><ext>): original
+# nothing behind.  Its files land a moment before manifest.json names them;
+# the indexer reads the names on every pass, so that moment does not last.  Stored files get random names (<uuid hex><ext>): original
 # names are untrusted paths and may collide, so manifest.json in the
 # documents folder maps stored names back to what the operator uploaded.
 #
 # Public names: Uploads, UploadError, UploadLimits, UploadedPart,
 #   ALLOWED_UPLOAD_EXTS, ARCHIVE_EXTS, parse_multipart, safe_relative_path,
-#   expand_archive, read_manifest, cleanup_staging
+#   expand_archive, cleanup_staging (read_manifest is in section 13)
 #
 # Nothing is held in memory whole: multipart bodies and archive members move
 # in 64 KiB pieces and every cap is enforced as bytes arrive.  Archive caps
@@ -11856,13 +11874,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.command, self.path = command, path
         if path.startswith("//"):
             self.path = "/" + path.lstrip("/")
-        lines = _buffered_head_lines(self.rfile)
-        if lines is None:
-            lines = self._read_header_lines()
-            if lines is None:
-                return False
-        if len(lines) > _MAX_HEADER_LINES:
-            self.send_error(431, "Too many headers")
+        try:
+            lines = _read_head_lines(self.rfile, _MAX_HEADER_LINES)
+        except _HeadTooLarge as exc:
+            self.send_error(431, str(exc))
             return False
         pairs = []
         for text in lines:
@@ -11885,22 +11900,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if not self.handle_expect_100():
                 return False
         return True
-
-    def _read_header_lines(self):
-        """Header lines one readline at a time (a head not all buffered); None after an error reply."""
-        lines = []
-        readline = self.rfile.readline
-        while True:
-            line = readline(65537)
-            if len(line) > 65536:
-                self.send_error(431, "Line too long")
-                return None
-            if line in (b"\r\n", b"\n", b""):
-                return lines
-            if len(lines) >= _MAX_HEADER_LINES:
-                self.send_error(431, "Too many headers")
-                return None
-            lines.append(line.decode("iso-8859-1").rstrip("\r\n"))
 
     def log_request(self, code="-", size="-"):
         if log.isEnabledFor(logging.DEBUG):
@@ -11934,7 +11933,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         limits = app.config.server
         path, _, query = self.path.partition("?")
         dialect = _dialect_for_path(_normalize_path(path))
-        headers, header_bytes = dict(self.headers.merged), self.headers.size
+        headers, header_bytes = self.headers.merged, self.headers.size
         stream = None
         try:
             if header_bytes > limits["max_header_bytes"]:
