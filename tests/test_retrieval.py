@@ -191,10 +191,16 @@ def _vec_dir(data_dir):
     return data_dir
 
 
-def test_dense_hybrid_with_an_embedding_server(make_proxy, fake, data_dir):
+@pytest.mark.parametrize("compact", ["", "binary"])
+def test_dense_hybrid_with_an_embedding_server(make_proxy, fake, data_dir, compact):
     fake.secrets = [SECRET]
-    p = make_proxy(_failing_embedding_config(fake, "degrade"), data_dir=_vec_dir(data_dir))
+    config = _failing_embedding_config(fake, "degrade")
+    if compact:  # sign-bit codes scanned first, then re-scored in float32
+        config = config.replace("    embedding: emb\n", f"    embedding: emb\n    compact: {compact}\n", 1)
+    p = make_proxy(config, data_dir=_vec_dir(data_dir))
     p.app.knowledge_bases.index_all()
+    generation, _ = p.app.knowledge_bases.get("vec").current()
+    assert generation.compact_kind == ("b1" if compact else None)
     assert any(r.path == "/v1/embeddings" for r in fake.requests)
     hits = p.app.knowledge_bases.get("vec").search("purple elephant midnight", 2)
     assert set(hits[0].scores) == {"lexical", "dense", "fused"}  # default fusion: zscore
