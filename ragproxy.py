@@ -62,7 +62,6 @@ import logging
 import logging.handlers
 import math
 import os
-import queue
 import random
 import re
 import secrets
@@ -1703,17 +1702,20 @@ class _IdleConnections:
         self._lock = threading.Lock()
         self._maxsize = maxsize
 
+    # take() and give() need no lock: list.pop and list.append are atomic, and
+    # two threads racing past the length check overshoot maxsize by one at most.
     def take(self, key):
-        with self._lock:
-            conns = self._idle.get(key)
-            return conns.pop() if conns else None
+        try:
+            return self._idle[key].pop()
+        except IndexError:
+            return None
 
     def give(self, key, conn):
-        with self._lock:
-            if len(self._idle[key]) < self._maxsize:
-                self._idle[key].append(conn)
-                return
-        _close_quietly(conn)
+        conns = self._idle[key]
+        if len(conns) < self._maxsize:
+            conns.append(conn)
+        else:
+            _close_quietly(conn)
 
     def close(self):
         with self._lock:
@@ -1865,7 +1867,9 @@ class _SocketPool:
                 except OSError as exc:
                     raise UpstreamError("unreachable", f"cannot connect to {host}:{port}: {exc}") from None
             try:
-                conn.sock.settimeout(read_timeout)
+                if conn.timeout != read_timeout:
+                    conn.sock.settimeout(read_timeout)
+                    conn.timeout = read_timeout
                 conn.sock.sendall(payload)
                 if body and payload is head:
                     conn.sock.sendall(body)
@@ -1889,9 +1893,13 @@ class _SocketPool:
     def _read_head(self, rfile):
         """``(version, status, reason, headers)`` of the final response, interim 1xx skipped."""
         while True:
-            if not rfile.peek(1):
-                raise _StaleConnection()
-            lines = _read_head_lines(rfile, self._MAX_HEADERS + 1, self._MAX_LINE, eof_ends=False)
+            lines = _buffered_head_lines(rfile)  # waits for the answer
+            if lines is None:
+                if not rfile.peek(1):
+                    raise _StaleConnection()
+                lines = _read_head_lines(rfile, self._MAX_HEADERS + 1, self._MAX_LINE, eof_ends=False)
+            elif len(lines) > self._MAX_HEADERS + 1:
+                raise _HeadTooLarge("Too many headers")
             if not lines:
                 raise ValueError("not an HTTP response: an empty line")
             version, _, rest = lines[0].partition(" ")
@@ -1941,11 +1949,11 @@ class _SocketPool:
 class _SocketConnection:
     """One upstream socket and its buffered reader."""
 
-    __slots__ = ("sock", "rfile")
+    __slots__ = ("sock", "rfile", "timeout")
 
     def __init__(self, sock):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock, self.rfile = sock, sock.makefile("rb", _READ_SIZE)
+        self.sock, self.rfile, self.timeout = sock, sock.makefile("rb", _READ_SIZE), sock.gettimeout()
 
     def close(self):
         with contextlib.suppress(OSError):
@@ -8370,6 +8378,11 @@ def _dialect_for_path(path):
     return "openai"
 
 
+def _dialect_of(path):
+    """The API dialect, hence error shape, of a request path as sent."""
+    return _dialect_for_path(_normalize_path(path))
+
+
 def _is_event_stream(content_type):
     ct = content_type.split(";", 1)[0].strip().lower()
     return ct in ("text/event-stream", "application/x-ndjson", "application/jsonl", "application/json-seq")
@@ -8953,7 +8966,10 @@ class RequestLog:
         self.written = 0        # rows committed
         self.failed = 0         # entries the writer could not store (bad values, SQLite errors)
         self.pruned = 0         # rows deleted by retention
-        self._queue = queue.Queue(maxsize=max(1, int(queue_size)))
+        # A deque, not a queue.Queue: the writer polls it on its own schedule,
+        # so the per-request append needs no lock or condition to wake anyone.
+        self._queue = collections.deque()
+        self._queue_size = max(1, int(queue_size))
         self._wake = threading.Event()   # flush() and close() need the writer now
         self._lock = threading.Lock()
         self._closed = False
@@ -8994,12 +9010,11 @@ class RequestLog:
             item["time"] = self.clock()
         if not self.log_query:
             item.pop("query", None)   # never keep the text around, even in memory
-        try:
-            self._queue.put_nowait(item)
-            return True
-        except queue.Full:
+        if len(self._queue) >= self._queue_size:
             self._count_drop()
             return False
+        self._queue.append(item)
+        return True
 
     def _count_drop(self):
         with self._lock:
@@ -9013,13 +9028,9 @@ class RequestLog:
         if not self._thread.is_alive():
             return False
         marker = _FlushMarker()
-        deadline = time.monotonic() + timeout
-        try:
-            self._queue.put(marker, timeout=timeout)
-        except queue.Full:
-            return False
+        self._queue.append(marker)  # control items pass the size limit
         self._wake.set()
-        return marker.done.wait(max(0.0, deadline - time.monotonic()))
+        return marker.done.wait(timeout)
 
     def close(self, timeout=10.0):
         """Write what is queued, stop the writer and close the database.  Idempotent."""
@@ -9028,10 +9039,7 @@ class RequestLog:
                 return
             self._closed = True
         self.start()    # a never-started writer still owes its queue to the database
-        try:
-            self._queue.put(_REQLOG_STOP, timeout=timeout)
-        except queue.Full:
-            log.warning("request log: writer did not drain its queue; closing anyway")
+        self._queue.append(_REQLOG_STOP)
         self._wake.set()
         self._thread.join(timeout)
         if not self._thread.is_alive():
@@ -9055,11 +9063,8 @@ class RequestLog:
                 self._wake.wait(self.write_interval)
                 self._wake.clear()
             batch = []
-            while len(batch) < _REQLOG_BATCH_MAX:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            while len(batch) < _REQLOG_BATCH_MAX and self._queue:
+                batch.append(self._queue.popleft())
             if not batch:
                 continue
             try:
@@ -9278,9 +9283,12 @@ class _MetricFamily:
         self.overflow = 0   # observations refused because the family hit _METRICS_MAX_SERIES
 
     def _key(self, labels):
-        if len(labels) != len(self.labelnames) or any(n not in labels for n in self.labelnames):
-            raise ValueError(f"{self.name} takes labels {list(self.labelnames)}, got {sorted(labels)}")
-        return tuple(str(labels[n]) for n in self.labelnames)
+        try:
+            if len(labels) == len(self.labelnames):
+                return tuple([str(labels[n]) for n in self.labelnames])
+        except KeyError:
+            pass
+        raise ValueError(f"{self.name} takes labels {list(self.labelnames)}, got {sorted(labels)}")
 
     def _header(self):
         help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
@@ -9603,6 +9611,11 @@ class ClientError(Exception):
         self.status, self.message, self.code, self.headers = status, message, code, list(headers)
 
 
+# json.loads wraps this scanner in three Python-level calls and two regex
+# matches; a request body that is one bare object needs none of them.
+_scan_json = json.JSONDecoder().scan_once
+
+
 def _json_object_of(body):
     """The JSON object in a request body; ClientError 400 saying what is wrong otherwise."""
     try:
@@ -9610,9 +9623,16 @@ def _json_object_of(body):
     except UnicodeDecodeError as exc:
         raise ClientError(400, f"request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        payload = json.loads(text)
-    except ValueError as exc:
-        raise ClientError(400, f"request body is not valid JSON: {exc}") from None
+        payload, end = _scan_json(text, 0)
+    except (StopIteration, ValueError, RecursionError):
+        end = -1
+    if end != len(text):  # surrounding whitespace, or not JSON: the full parser judges and explains
+        try:
+            payload = json.loads(text)
+        except ValueError as exc:
+            raise ClientError(400, f"request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ClientError(400, "request body is not valid JSON: nested too deeply") from None
     if not isinstance(payload, dict):
         raise ClientError(400, "request body must be a JSON object")
     return payload
@@ -9708,15 +9728,19 @@ class App:
 
     def _record(self, trace, status, streamed, error=None):
         exchange = trace.exchange
-        retrieval = exchange.retrieval or {}
         entry = {"time": trace.started, "client": trace.client, "model": exchange.model,
                  "upstream": exchange.provider.name, "endpoint": exchange.endpoint.name,
-                 "kbs": retrieval.get("kbs", []), "retrieval_mode": retrieval.get("mode"),
-                 "outcome": retrieval.get("outcome", "none"), "chunk_ids": list(retrieval.get("sources", ())),
-                 "context_tokens": retrieval.get("context_tokens"), "retrieval_ms": retrieval.get("ms"),
-                 "retrieval_stages": retrieval.get("stages"), "upstream_ms": trace.upstream_ms,
-                 "total_ms": (self.clock() - trace.started) * 1000.0, "status": status, "streamed": streamed,
-                 "error": error or retrieval.get("error"), "query": retrieval.get("query")}
+                 "kbs": [], "retrieval_mode": None, "outcome": "none", "chunk_ids": [],
+                 "context_tokens": None, "retrieval_ms": None, "retrieval_stages": None,
+                 "upstream_ms": trace.upstream_ms, "total_ms": (self.clock() - trace.started) * 1000.0,
+                 "status": status, "streamed": streamed, "error": error, "query": None}
+        retrieval = exchange.retrieval
+        if retrieval:
+            entry.update(kbs=retrieval.get("kbs", []), retrieval_mode=retrieval.get("mode"),
+                         outcome=retrieval.get("outcome", "none"), chunk_ids=list(retrieval.get("sources", ())),
+                         context_tokens=retrieval.get("context_tokens"), retrieval_ms=retrieval.get("ms"),
+                         retrieval_stages=retrieval.get("stages"), error=error or retrieval.get("error"),
+                         query=retrieval.get("query"))
         self.metrics.observe_request(entry)
         if self.request_log is not None:
             self.request_log.record(entry)
@@ -9822,12 +9846,11 @@ class App:
 
     def _pick_provider(self, route, dialect):
         providers = self.config.providers["llm"]
-        candidates = [providers[name] for name in route.upstream]
         native = _NATIVE_PROVIDER[dialect]
-        for provider in candidates:
-            if provider.type == native:
-                return provider
-        return candidates[0]
+        for name in route.upstream:
+            if providers[name].type == native:
+                return providers[name]
+        return providers[route.upstream[0]]
 
     def _catch_all_provider(self, dialect):
         route = self.resolve_route("")  # only "*" matches the empty name
@@ -9880,7 +9903,7 @@ class App:
         """Any other /v1 or /api path: to the requested model's provider, else the catch-all."""
         provider = None
         if request.body and request.headers.get("content-type", "").startswith("application/json"):
-            with contextlib.suppress(ValueError, UnicodeDecodeError):
+            with contextlib.suppress(ValueError, UnicodeDecodeError, RecursionError):
                 payload = json.loads(request.body)
                 if isinstance(payload, dict) and isinstance(payload.get("model"), str):
                     route = self.resolve_route(payload["model"])
@@ -9895,7 +9918,8 @@ class App:
 
     def wants_body_stream(self, method, path):
         """True when the request body should be read by the handler, not buffered (uploads)."""
-        return self.admin is not None and self.admin.wants_body_stream(method, _normalize_path(path))
+        return method == "POST" and self.admin is not None and \
+            self.admin.wants_body_stream(method, _normalize_path(path))
 
     def upstream_headers(self, request, provider):
         headers = {name: value for name, value in request.headers.items()
@@ -11002,12 +11026,13 @@ def verify_token(secret, token, now, audience=_TOKEN_AUDIENCE):
     signing_input = (parts[0] + "." + parts[1]).encode("ascii", "replace")
     expected = hmac.new(secret.encode("utf-8"), signing_input, hashlib.sha256).digest()
     try:
-        signature = _b64url_decode(parts[2])
+        if not hmac.compare_digest(_b64url_decode(parts[2]), expected):
+            return None  # checked first: nothing from an unsigned token is parsed
         header = json.loads(_b64url_decode(parts[0]))
         claims = json.loads(_b64url_decode(parts[1]))
     except (ValueError, UnicodeDecodeError):
         return None
-    if not hmac.compare_digest(signature, expected) or header != _TOKEN_HEAD or not isinstance(claims, dict):
+    if header != _TOKEN_HEAD or not isinstance(claims, dict):
         return None
     expires = claims.get("exp")
     if not isinstance(expires, (int, float)) or isinstance(expires, bool) or now >= expires:
@@ -11812,31 +11837,27 @@ _REASONS = {code: phrase for code, (phrase, _) in http.server.BaseHTTPRequestHan
 _REASONS.update({529: "Overloaded"})
 
 
-class _RequestHeaders:
-    """Request headers as received, for http.server's few lookups.
+def _parse_header_lines(lines):
+    """Header lines as a dict of lower-case name -> value; ValueError naming a malformed line.
 
-    Replaces the ``email.message.Message`` that ``BaseHTTPRequestHandler``
-    builds: the email package costs ~20-30 us per request for nothing we use.
+    A repeated header's values are joined by ", " (RFC 9110 5.3).  This dict
+    stands in for the ``email.message.Message`` that BaseHTTPRequestHandler
+    builds, which costs ~20-30 us per request for nothing we use.
     """
-
-    __slots__ = ("pairs", "merged", "size")
-
-    def __init__(self, pairs):
-        self.pairs = pairs  # [(name, value)], names as sent
-        # Lower-case name -> value, repeats joined by ", " (RFC 9110 5.3): built
-        # once here for both http.server's lookups and the app's Request.
-        merged, size = {}, 0
-        for name, value in pairs:
-            size += len(name) + len(value) + 4
-            key = name.lower()
-            merged[key] = merged[key] + ", " + value if key in merged else value
-        self.merged, self.size = merged, size
-
-    def get(self, name, default=None):
-        return self.merged.get(name.lower(), default)
-
-    def items(self):
-        return list(self.pairs)
+    merged, key = {}, None
+    for text in lines:
+        name, colon, value = text.partition(":")
+        if not colon or not name or name != name.strip():
+            if not (text[:1] in (" ", "\t") and key is not None):
+                raise ValueError(f"Malformed header line ({text[:100]!r})")
+            merged[key] += " " + text.strip()  # obsolete line folding: continues the previous value
+            continue
+        key = name.lower()
+        if key in merged:
+            merged[key] += ", " + value.strip()
+        else:
+            merged[key] = value.strip()
+    return merged
 
 
 _MAX_HEADER_LINES = 100
@@ -11848,12 +11869,50 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "ragproxy/" + __version__
     sys_version = ""
 
+    def handle_one_request(self):
+        """Read, parse and serve one request.
+
+        The usual request arrives whole, so its request line and headers are
+        taken from the read buffer in one pass (see _buffered_head_lines).  A
+        head split across reads, or with bare LF line ends, goes through
+        http.server's own line-by-line reading and our parse_request, which
+        judge it the same way.
+        """
+        try:
+            lines = _buffered_head_lines(self.rfile)
+            if not lines:
+                # Not all buffered, or not a clean CRLF head (a blank line first
+                # included): the stdlib path reads and judges it.
+                return super().handle_one_request()
+            self.raw_requestline = lines[0].encode("latin-1")
+            if not (self._start_line(lines[0]) and self._accept_headers(lines[1:])):
+                return
+            serve = getattr(self, "do_" + self.command, None)
+            if serve is None:
+                self.send_error(501, f"Unsupported method ({self.command!r})")
+                return
+            serve()
+        except (socket.timeout, TimeoutError) as exc:  # a read or a write timed out: drop the connection
+            self.log_error("Request timed out: %r", exc)
+            self.close_connection = True
+
     def parse_request(self):
-        """The stdlib's checks (request line, version, keep-alive, Expect) on plain headers."""
+        """http.server's hook, for heads read line by line: the request line is in raw_requestline."""
+        if not self._start_line(str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")):
+            return False
+        try:
+            lines = _read_head_lines(self.rfile, _MAX_HEADER_LINES)
+        except _HeadTooLarge as exc:
+            self.send_error(431, str(exc))
+            return False
+        return self._accept_headers(lines)
+
+    def _start_line(self, requestline):
+        """The stdlib's checks of the request line; False (an error sent) if it is bad."""
         self.command = None
         self.request_version = "HTTP/0.9"
         self.close_connection = True
-        self.requestline = requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        self.requestline = requestline
         words = requestline.split()
         if not words:
             return False
@@ -11861,42 +11920,43 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(400, f"Bad request syntax ({requestline!r})")
             return False
         command, path, version = words
-        major, dot, minor = version[5:].partition(".")
-        if not (version.startswith("HTTP/") and dot and major.isdigit() and minor.isdigit()
-                and len(major) <= 10 and len(minor) <= 10):
-            self.send_error(400, f"Bad request version ({version!r})")
-            return False
-        if int(major) >= 2:
-            self.send_error(505, f"Invalid HTTP version ({version[5:]})")
-            return False
-        self.close_connection = (int(major), int(minor)) < (1, 1)
+        if version != "HTTP/1.1":
+            major, dot, minor = version[5:].partition(".")
+            if not (version.startswith("HTTP/") and dot and major.isdigit() and minor.isdigit()
+                    and len(major) <= 10 and len(minor) <= 10):
+                self.send_error(400, f"Bad request version ({version!r})")
+                return False
+            if int(major) >= 2:
+                self.send_error(505, f"Invalid HTTP version ({version[5:]})")
+                return False
+        self._before_11 = version != "HTTP/1.1" and (int(major), int(minor)) < (1, 1)
+        self.close_connection = self._before_11
         self.request_version = version
         self.command, self.path = command, path
         if path.startswith("//"):
             self.path = "/" + path.lstrip("/")
-        try:
-            lines = _read_head_lines(self.rfile, _MAX_HEADER_LINES)
-        except _HeadTooLarge as exc:
-            self.send_error(431, str(exc))
+        return True
+
+    def _accept_headers(self, lines):
+        """Parse the header lines and act on Connection and Expect as http.server does."""
+        if len(lines) > _MAX_HEADER_LINES:
+            self.send_error(431, "Too many headers")
             return False
-        pairs = []
-        for text in lines:
-            if text[:1] in (" ", "\t") and pairs:  # obsolete line folding
-                name, value = pairs[-1]
-                pairs[-1] = (name, value + " " + text.strip())
-                continue
-            name, colon, value = text.partition(":")
-            if not colon or not name or name != name.strip():
-                self.send_error(400, f"Malformed header line ({text[:100]!r})")
-                return False
-            pairs.append((name, value.strip()))
-        self.headers = _RequestHeaders(pairs)
-        conntype = self.headers.get("Connection", "").lower()
-        if conntype == "close":
-            self.close_connection = True
-        elif conntype == "keep-alive":
-            self.close_connection = False
-        if self.headers.get("Expect", "").lower() == "100-continue" and (int(major), int(minor)) >= (1, 1):
+        try:
+            self.headers = headers = _parse_header_lines(lines)
+        except ValueError as exc:
+            self.send_error(400, str(exc))
+            return False
+        self.header_bytes = sum(map(len, lines)) + 2 * len(lines)
+        conntype = headers.get("connection")
+        if conntype is not None:
+            conntype = conntype.lower()
+            if conntype == "close":
+                self.close_connection = True
+            elif conntype == "keep-alive":
+                self.close_connection = False
+        expect = headers.get("expect")
+        if expect is not None and expect.lower() == "100-continue" and not self._before_11:
             if not self.handle_expect_100():
                 return False
         return True
@@ -11913,9 +11973,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # 414, 431, 501) through send_error; answer those in JSON too.
     def send_error(self, code, message=None, explain=None):
         self.close_connection = True
-        path = _normalize_path((getattr(self, "path", "") or "/").partition("?")[0])
         text = message or _REASONS.get(code, "error")
-        self._write(_error_response(_dialect_for_path(path), code, text))
+        self._write(_error_response(_dialect_of((getattr(self, "path", "") or "/").partition("?")[0]), code, text))
 
     def handle_expect_100(self):
         limit = self.server.app.config.server["max_body_bytes"]
@@ -11932,11 +11991,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         app = self.server.app
         limits = app.config.server
         path, _, query = self.path.partition("?")
-        dialect = _dialect_for_path(_normalize_path(path))
-        headers, header_bytes = self.headers.merged, self.headers.size
+        headers = self.headers
         stream = None
         try:
-            if header_bytes > limits["max_header_bytes"]:
+            if self.header_bytes > limits["max_header_bytes"]:
                 raise ClientError(431, f"request headers are larger than {limits['max_header_bytes']} bytes")
             if app.wants_body_stream(self.command, path):
                 body, stream = b"", self._body_stream(headers)
@@ -11944,21 +12002,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 body = self._read_body(headers, limits["max_body_bytes"])
         except ClientError as exc:
             self.close_connection = True  # the unread body would be parsed as the next request
-            self._write(_error_response(dialect, exc.status, exc.message, exc.code))
+            self._write(_error_response(_dialect_of(path), exc.status, exc.message, exc.code))
             return
         except (socket.timeout, TimeoutError):
             self.close_connection = True
-            self._write(_error_response(dialect, 408, "timed out reading the request body"))
+            self._write(_error_response(_dialect_of(path), 408, "timed out reading the request body"))
             return
         request = Request(self.command, path, query, headers, body, self.client_address[0], stream)
         try:
             response = app.handle(request)
         except (socket.timeout, TimeoutError):
             self.close_connection = True
-            response = _error_response(dialect, 408, "timed out reading the request body")
+            response = _error_response(_dialect_of(path), 408, "timed out reading the request body")
         except Exception:
             log.exception("internal error handling %s %s", self.command, path)
-            response = _error_response(dialect, 500, "internal error in ragproxy (details are in its log)")
+            response = _error_response(_dialect_of(path), 500, "internal error in ragproxy (details are in its log)")
         if stream is not None and stream.remaining:
             self.close_connection = True  # refused before the body was read: the rest is not a request
         if isinstance(response, StreamResponse):
@@ -12016,19 +12074,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             parts.append(data)
 
     def _head(self, status, headers, framing):
-        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
-        names = set()
-        for name, value in headers:
-            names.add(name.lower())
-            lines.append(f"{name}: {value}")
-        lines.append(framing)
-        if "server" not in names:
-            lines.append("Server: " + self.server_version)
-        if "date" not in names:
-            lines.append("Date: " + self.server.http_date())
+        text = "\r\n".join([f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
+                            + [f"{name}: {value}" for name, value in headers] + [framing])
+        # One lower() of the whole head finds a Server or Date the upstream
+        # sent; header values never hold a line break, so "\r\nname:" is a line start.
+        lowered = text.lower()
+        if "\r\nserver:" not in lowered:
+            text += "\r\nServer: " + self.server_version
+        if "\r\ndate:" not in lowered:
+            text += "\r\nDate: " + self.server.http_date()
         if self.close_connection:
-            lines.append("Connection: close")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
+            text += "\r\nConnection: close"
+        return (text + "\r\n\r\n").encode("latin-1", "replace")
 
     def _write(self, response):
         body = b"" if self.command == "HEAD" else response.body

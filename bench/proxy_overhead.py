@@ -277,8 +277,8 @@ models:
 """
 
 
-def start_proxy(python, script, upstream_port, workdir, pure, cprofile_out=None):
-    data_dir = os.path.join(workdir, "pure" if pure else "default")
+def start_proxy(python, script, upstream_port, workdir, pure, cprofile_out=None, label=None):
+    data_dir = os.path.join(workdir, label or ("pure" if pure else "default"))
     os.makedirs(data_dir, exist_ok=True)
     config = os.path.join(data_dir, "config.yaml")
     with open(config, "w", encoding="utf-8") as f:
@@ -666,6 +666,10 @@ def _parse_args(argv):
     p.add_argument("--python", default=sys.executable, help="interpreter for the proxy and the upstream")
     p.add_argument("--ragproxy", default=RAGPROXY, metavar="PATH",
                    help="the ragproxy.py to run (default: the checkout's), e.g. a patched copy to compare")
+    p.add_argument("--compare", action="append", default=[], metavar="PATH",
+                   help="another ragproxy.py to run beside the first, in the same interleaved slices "
+                        "(labelled compare-1, compare-2, ...): an A/B of a change that machine drift "
+                        "between separate runs cannot blur; repeatable")
     p.add_argument("--py-spy", metavar="FILE", help="sample the proxy with py-spy while the load runs "
                    "(raw collapsed stacks; .svg flamegraph; .json speedscope)")
     p.add_argument("--cprofile", metavar="FILE", help="run the proxy with cProfile on its connection threads "
@@ -716,6 +720,8 @@ def main(argv=None):
         print(f"  {label}: {line}")
     if os.path.abspath(opts.ragproxy) != RAGPROXY:
         print(f"  ragproxy script: {opts.ragproxy}")
+    for i, path in enumerate(opts.compare, 1):
+        print(f"  compare-{i}: {path}")
     load = _load_average()
     if load is not None:
         busy = "  (other processes are busy: expect noisy figures)" if load > 0.5 else ""
@@ -744,6 +750,10 @@ def main(argv=None):
             time.sleep(0.5)
         targets = [("direct", None)] + ([("relay", relay)] if relay is not None else []) + [
             ("ragproxy-pure" if pure else "ragproxy", child) for pure, child in zip(modes, proxies)]
+        for i, path in enumerate(opts.compare, 1):
+            child = start_proxy(opts.python, path, upstream.port, workdir, modes[0], label=f"compare-{i}")
+            proxies.append(child)
+            targets.append((f"compare-{i}", child))
         for name in opts.scenario_list:
             rows = []
             for clients in opts.client_counts:
@@ -767,9 +777,9 @@ def main(argv=None):
         shutil.rmtree(workdir, ignore_errors=True)
     print_verdict(results, opts)
     if opts.py_spy:
-        print(f"\npy-spy samples of the {targets[1][0]} process: {opts.py_spy}")
+        print(f"\npy-spy samples of the {'ragproxy-pure' if modes[0] else 'ragproxy'} process: {opts.py_spy}")
     if opts.cprofile:
-        print(f"\ncProfile stats of the {targets[1][0]} process: {opts.cprofile} "
+        print(f"\ncProfile stats of the {'ragproxy-pure' if modes[0] else 'ragproxy'} process: {opts.cprofile} "
               "(python -m pstats FILE; latencies above include cProfile's slowdown)")
     if opts.json:
         print(json.dumps({"bench": "proxy_overhead", "python": platform.python_version(), "cpus": cpus,

@@ -141,6 +141,9 @@ def test_tokens_expire_and_forgeries_fail(tmp_path, fake):
         none_head = ragproxy._b64url(b'{"alg":"none","typ":"JWT"}')
         assert _call(app, "GET", "/admin/api/session", token=f"{none_head}.{payload}.")[0] == 401
         assert _call(app, "GET", "/admin/api/session", token=f"{none_head}.{payload}.{sig}")[0] == 401
+        # An unsigned token is refused before any of it is parsed: a hostile one is a 401, not a 500.
+        deep = ragproxy._b64url(b"[" * 100_000)
+        assert _call(app, "GET", "/admin/api/session", token=f"{deep}.{deep}.{sig}")[0] == 401
     finally:
         app.close()
 

@@ -123,7 +123,8 @@ def test_chunked_request_body_is_decoded(proxy, fake):
     (b"[1, 2]", "must be a JSON object"),
     (b'{"messages": []}', "missing required field 'model'"),
     (b"", "empty"),
-])
+    (b"[" * 100_000, "nested too deeply"),  # a parser recursion limit is still bad input, not a 500
+], ids=["not-json", "not-utf8", "array", "no-model", "empty", "deep-nesting"])
 def test_bad_bodies_get_400_in_the_api_shape(proxy, fake, path, shape, body, fragment):
     sock = _connect(proxy)
     sock.sendall(_post(path, body))
