@@ -1935,7 +1935,7 @@ class _SocketPool:
             body, keep = _FixedBody(rfile, None), False  # delimited by the server closing
 
         def release():
-            if keep and body.complete:
+            if keep and body.reusable:
                 self._idle.give(key, conn)
             else:
                 _close_quietly(conn)
@@ -2029,6 +2029,10 @@ class _FixedBody:
     def __init__(self, rfile, length):
         self.rfile, self.left, self.complete = rfile, length, length == 0
 
+    @property
+    def reusable(self):
+        return self.complete
+
     def read1(self):
         if self.left == 0:
             self.complete = True
@@ -2042,39 +2046,93 @@ class _FixedBody:
         return data
 
 
+_CHUNK_SIZE = re.compile(rb"[ \t]*([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n?\Z")
+
+
 def _chunk_size(line):
-    """The size on a chunked-encoding size line (extensions ignored); ValueError if malformed."""
-    return int(line.split(b";", 1)[0].strip(), 16)
+    """The size on a chunked-encoding size line (extensions ignored); ValueError if malformed.
+
+    Only hex digits: int(x, 16) alone would take "-5", "+5", "0x5" and "1_0".
+    """
+    m = _CHUNK_SIZE.match(line)
+    if m is None:
+        raise ValueError(f"malformed chunk size line {line[:40]!r}")
+    return int(m.group(1), 16)
+
+
+_SIZE_LINE, _DATA, _DATA_END, _TRAILER = range(4)
 
 
 class _ChunkedBody:
-    """A chunked body, handed on as soon as each piece arrives."""
+    """A chunked body, decoded as it arrives.
+
+    Each read1() does at most one read from the socket and hands on every
+    payload byte it brought: events that arrive together leave together, in
+    one write to the client, and none waits for a later one.  (Reading chunk
+    by chunk cost three buffered calls and a client write per event.)
+    """
+
+    _MAX_LINE = 8192
 
     def __init__(self, rfile):
-        self.rfile, self.left, self.complete = rfile, 0, False
+        self.rfile, self.complete, self.reusable = rfile, False, False
+        self._buf = b""
+        self._state = _SIZE_LINE
+        self._left = 0  # payload bytes still to come in the current chunk
 
     def read1(self):
-        if self.complete:
-            return b""
-        if self.left == 0:
-            line = self.rfile.readline(1026)
-            try:
-                size = _chunk_size(line)
-            except ValueError:
-                raise ConnectionError(f"malformed chunk size line {line[:40]!r}") from None
-            if size == 0:
-                while self.rfile.readline(8194).strip():  # trailers, ignored
-                    pass
-                self.complete = True
-                return b""
-            self.left = size
-        data = self.rfile.read1(min(self.left, _READ_SIZE))
-        if not data:
-            raise ConnectionError("chunked response body ended early")
-        self.left -= len(data)
-        if self.left == 0 and self.rfile.read(2) != b"\r\n":
-            raise ConnectionError("malformed chunked response body")
-        return data
+        while not self.complete:
+            data = self.rfile.read1(_READ_SIZE)
+            if not data:
+                raise ConnectionError("chunked response body ended early")
+            out = self._decode(self._buf + data if self._buf else data)
+            if out:
+                return out
+        return b""
+
+    def _decode(self, buf):
+        out, pos, end = [], 0, len(buf)
+        while pos < end:
+            state = self._state
+            if state == _DATA:
+                take = min(self._left, end - pos)
+                out.append(buf[pos:pos + take])
+                pos += take
+                self._left -= take
+                if self._left:
+                    break
+                self._state = _DATA_END
+            elif state == _DATA_END:
+                if end - pos < 2:
+                    break
+                if buf[pos:pos + 2] != b"\r\n":
+                    raise ConnectionError("malformed chunked response body")
+                pos += 2
+                self._state = _SIZE_LINE
+            else:
+                eol = buf.find(b"\n", pos)
+                if eol < 0:
+                    if end - pos > self._MAX_LINE:
+                        raise ConnectionError("chunked response body: line too long")
+                    break
+                line, pos = buf[pos:eol + 1], eol + 1
+                if state == _TRAILER:
+                    if line in (b"\r\n", b"\n"):  # the blank line after the trailers ends the body
+                        self.complete = True
+                        self.reusable = pos == end  # bytes past the end: the connection is out of step
+                        self._buf = b""
+                        return b"".join(out)
+                    continue
+                try:
+                    size = _chunk_size(line)
+                except ValueError as exc:
+                    raise ConnectionError(str(exc)) from None
+                if size:
+                    self._state, self._left = _DATA, size
+                else:
+                    self._state = _TRAILER
+        self._buf = buf[pos:]
+        return b"".join(out)
 
 
 class _Urllib3Pool:
@@ -8301,6 +8359,11 @@ class _StreamTracker:
         self.sequence = -1
         self.response_id = None
 
+    @property
+    def watches(self):
+        """Whether feed() needs the stream's bytes (only Responses events carry state)."""
+        return self.dialect == "responses"
+
     def feed(self, data):
         if self.dialect != "responses":
             return
@@ -10073,6 +10136,7 @@ def _relay_events(upstream, tracker, sse):
     less) and means a failure report never lands inside a half-sent event.
     """
     pending = b""
+    feed = tracker.feed if tracker.watches else None
     try:
         while True:
             data = upstream.read1()
@@ -10080,12 +10144,15 @@ def _relay_events(upstream, tracker, sse):
                 if pending:
                     yield pending
                 return
-            pending += data
-            cut = _last_event_end(pending, sse)
-            if cut:
-                out, pending = pending[:cut], pending[cut:]
-                tracker.feed(out)
-                yield out
+            if pending:
+                data, pending = pending + data, b""
+            cut = _last_event_end(data, sse)
+            if cut < len(data):  # usually a read ends on an event's end: no copies then
+                data, pending = data[:cut], data[cut:]
+            if data:
+                if feed is not None:
+                    feed(data)
+                yield data
     except UpstreamError as exc:
         yield tracker.error_event(f"upstream failed mid-stream: {exc}")
 
@@ -10094,6 +10161,8 @@ def _last_event_end(buf, sse):
     """Offset just past the last complete event in ``buf`` (0: none yet)."""
     if not sse:
         return buf.rfind(b"\n") + 1
+    if buf.endswith(b"\n\n"):
+        return len(buf)
     lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
@@ -12091,7 +12160,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         body = b"" if self.command == "HEAD" else response.body
         head = self._head(response.status, response.headers, f"Content-Length: {len(response.body)}")
         try:
-            self.wfile.write(head + body)
+            self.connection.sendall(head + body)
         except OSError:
             self.close_connection = True
         self.log_request(response.status, len(response.body))
@@ -12106,15 +12175,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not chunked:
             self.close_connection = True  # HTTP/1.0: the end of the body is the end of the connection
         hangups = self.server.hangups
+        send = self.connection.sendall  # not wfile: its write() is a Python layer over this, per event
         try:
-            self.wfile.write(self._head(response.status, response.headers,
-                                        "Transfer-Encoding: chunked" if chunked else "Cache-Control: no-cache"))
+            send(self._head(response.status, response.headers,
+                            "Transfer-Encoding: chunked" if chunked else "Cache-Control: no-cache"))
             hangups.watch(self.connection, response.close)
             for data in response.chunks:
                 if data:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+                    send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
             if chunked:
-                self.wfile.write(b"0\r\n\r\n")
+                send(b"0\r\n\r\n")
         except OSError as exc:  # the client went away: stop the upstream now
             log.debug("client %s disconnected mid-stream: %s", self.address_string(), exc)
             self.close_connection = True

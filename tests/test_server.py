@@ -171,9 +171,12 @@ def test_oversized_chunked_body_is_413(make_proxy):
     assert _read_response(sock)[0] == 413
 
 
-def test_malformed_chunked_body_is_400(proxy):
+@pytest.mark.parametrize("body", [b"zz\r\nabc\r\n0\r\n\r\n", b"-3\r\nabc\r\n0\r\n\r\n", b"0x3\r\nabc\r\n0\r\n\r\n"],
+                         ids=["not-hex", "negative", "0x-prefix"])
+def test_malformed_chunked_body_is_400(proxy, body):
     sock = _connect(proxy)
-    sock.sendall(_post("/v1/chat/completions", b"zz\r\nabc\r\n0\r\n\r\n", {"Transfer-Encoding": "chunked"}))
+    sock.settimeout(5)  # a negative size once read to the end of the stream: it must not wait for that
+    sock.sendall(_post("/v1/chat/completions", body, {"Transfer-Encoding": "chunked"}))
     status, _, payload = _read_response(sock)
     assert status == 400 and "chunked" in json.loads(payload)["error"]["message"]
 

@@ -126,6 +126,74 @@ def test_chunked_pieces_arrive_as_they_are_sent(pool, serve):
     assert server.connections == 1  # a complete chunked body leaves the connection reusable
 
 
+_CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+_CHUNKED_BODY = (b"7;name=value\r\ndata: 0\r\n" + b"9\r\ndata: 1\n\n\r\n" + b"00000003\r\nabc\r\n"
+                 + b"0\r\nX-Trailer: t\r\nX-Other: u\r\n\r\n")
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["at-once", "byte-by-byte"])
+def test_chunked_bodies_decode_alike_however_they_arrive(pool, serve, trickle):
+    def script(n, conn, req):
+        if trickle:
+            _send_slowly(conn, _CHUNKED_HEAD + _CHUNKED_BODY)
+        else:
+            conn.sendall(_CHUNKED_HEAD + _CHUNKED_BODY)
+    server = serve(script)
+    for _ in range(2):
+        assert call(pool, server.url + "/s").read_all() == b"data: 0data: 1\n\nabc"
+    assert server.connections == 1  # trailers read to the end: the connection is reused
+
+
+def test_chunks_that_arrive_together_leave_in_one_read():
+    pool = ragproxy._SocketPool()
+    ready = threading.Event()
+
+    def script(n, conn, req):
+        events = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in (b"data: 1\n\n", b"data: 2\n\n"))
+        conn.sendall(_CHUNKED_HEAD + events)
+        ready.wait(5)
+        conn.sendall(b"0\r\n\r\n")
+    server = ScriptedServer(script)
+    try:
+        resp = call(pool, server.url + "/s")
+        assert resp.read1() == b"data: 1\n\ndata: 2\n\n"  # both events, and it did not wait for the end
+        ready.set()
+        assert resp.read1() == b""
+    finally:
+        ready.set()
+        server.close()
+        pool.close()
+
+
+@pytest.mark.parametrize("body", [
+    b"-5\r\nhello\r\n0\r\n\r\n",          # int(x, 16) would read -5
+    b"0x5\r\nhello\r\n0\r\n\r\n",
+    b"5\r\nhelloXX0\r\n\r\n",               # no CRLF after the data
+    b"5\r\nhel",                             # cut short
+    b"f" * 9000,                               # a size line that never ends
+], ids=["negative", "0x-prefix", "no-crlf", "cut-short", "endless-line"])
+def test_malformed_chunked_bodies_fail_cleanly(serve, body):
+    pool = ragproxy._SocketPool()
+    server = serve(lambda n, conn, req: (conn.sendall(_CHUNKED_HEAD + body), "close")[1])
+    try:
+        resp = call(pool, server.url + "/s")
+        with pytest.raises(ragproxy.UpstreamError):
+            resp.read_all()
+    finally:
+        pool.close()
+
+
+def test_bytes_after_a_chunked_body_keep_the_connection_out_of_the_pool(serve):
+    pool = ragproxy._SocketPool()
+    server = serve(lambda n, conn, req: conn.sendall(_CHUNKED_HEAD + b"2\r\nhi\r\n0\r\n\r\nGARBAGE"))
+    try:
+        for _ in range(2):
+            assert call(pool, server.url + "/s").read_all() == b"hi"
+        assert server.connections == 2  # the stray bytes were not taken for the next answer
+    finally:
+        pool.close()
+
+
 def test_interim_100_continue_head_204_and_close_delimited(pool, serve):
     def script(n, conn, req):
         if n == 1:
