@@ -1636,12 +1636,13 @@ def _header_value(pairs, name, default=None):
 class UpstreamResponse:
     """Status, headers and an incremental body of one upstream response."""
 
-    def __init__(self, status, reason, headers, read1, release, abort, index=None):
+    def __init__(self, status, reason, headers, read1, release, abort, index=None, read_rest=None):
         self.status = status
         self.reason = reason
         self.headers = headers  # list of (name, value); names as the upstream sent them
         self._index = index     # lower-case name -> first value, when the client built one
         self._read1 = read1
+        self._read_rest = read_rest  # (limit) -> the whole rest in one read, or None if it cannot
         self._release = release
         self._abort = abort
         self._done = False
@@ -1655,20 +1656,29 @@ class UpstreamResponse:
         """Return the next bytes available (b"" at the end); raise UpstreamError on failure."""
         if self._done:
             return b""
+        data = self._reading(self._read1)
+        if not data:
+            self._done = True
+            self._release()
+        return data
+
+    def _reading(self, read, *args):
         try:
-            data = self._read1()
+            return read(*args)
         except (socket.timeout, TimeoutError) as exc:
             self.close()
             raise UpstreamError("timeout", f"upstream stopped sending: {exc or 'read timed out'}") from None
         except Exception as exc:  # the connection broke mid-body; the details vary by library
             self.close()
             raise UpstreamError("unreachable", f"upstream connection broke: {exc}") from None
-        if not data:
-            self._done = True
-            self._release()
-        return data
 
     def read_all(self, limit=None):
+        if self._read_rest is not None and not self._done:
+            data = self._reading(self._read_rest, limit)
+            if data is not None:  # a body of known length, read in one go
+                self._done = True
+                self._release()
+                return data
         parts, size = [], 0
         while True:
             data = self.read1()
@@ -1940,7 +1950,8 @@ class _SocketPool:
             else:
                 _close_quietly(conn)
 
-        return UpstreamResponse(status, reason, headers, body.read1, release, lambda: _close_quietly(conn), index)
+        return UpstreamResponse(status, reason, headers, body.read1, release, lambda: _close_quietly(conn), index,
+                                getattr(body, "read_rest", None))
 
     def close(self):
         self._idle.close()
@@ -2032,6 +2043,17 @@ class _FixedBody:
     @property
     def reusable(self):
         return self.complete
+
+    def read_rest(self, limit=None):
+        """All of a known-length body in one read; None when the length is unknown or over ``limit``."""
+        left = self.left
+        if left is None or (limit is not None and left > limit):
+            return None
+        data = self.rfile.read(left) if left else b""
+        if len(data) < left:
+            raise ConnectionError(f"response body ended {left - len(data)} bytes early")
+        self.left, self.complete = 0, True
+        return data
 
     def read1(self):
         if self.left == 0:

@@ -159,6 +159,86 @@ def relay_role(upstream_port):
         threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
 
 
+def floor_role(upstream_port):
+    """The least Python an HTTP-aware proxy can run per request; print the port.
+
+    A yardstick, not a proxy anyone should use: one thread per connection and
+    the same socket calls as ragproxy (a buffered reader, sendall); the request
+    head split in one pass, the JSON body parsed (a proxy that routes by model
+    must), the request re-framed for the upstream and its answer passed on, a
+    Content-Length body at once and a chunked one piece by piece.  No checks,
+    no auth, no logging, no errors handled.  Between the bare relay and this
+    lies what running any Python per request costs on the machine; what
+    ragproxy adds beyond this is its own work.
+    """
+    def serve(client):
+        client.settimeout(60)
+        upstream = socket.create_connection(("127.0.0.1", upstream_port))
+        upstream.settimeout(60)
+        for sock in (client, upstream):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rfile, ufile = client.makefile("rb", 65536), upstream.makefile("rb", 65536)
+        try:
+            while True:
+                head = rfile.peek(1)
+                end = head.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                lines = head[:end].decode("latin-1").split("\r\n")
+                rfile.read(end + 4)
+                method, target, _ = lines[0].split(" ")
+                headers = {}
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    headers[name.lower()] = value.strip()
+                body = rfile.read(int(headers.get("content-length", "0")))
+                json.loads(body)
+                sent = "".join(f"{name}: {value}\r\n" for name, value in headers.items()
+                               if name not in ("host", "content-length", "authorization", "connection"))
+                upstream.sendall(f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                                 f"upstream-key\r\nContent-Length: {len(body)}\r\n{sent}\r\n".encode("latin-1")
+                                 + body)
+                head = ufile.peek(1)
+                end = head.find(b"\r\n\r\n")
+                lines = head[:end].decode("latin-1").split("\r\n")
+                ufile.read(end + 4)
+                status, length, out = lines[0].split(" ", 1)[1], None, []
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    lowered = name.lower()
+                    if lowered == "content-length":
+                        length = int(value)
+                    elif lowered not in ("transfer-encoding", "connection"):
+                        out.append(line + "\r\n")
+                if length is not None:
+                    data = ufile.read(length)
+                    client.sendall(f"HTTP/1.1 {status}\r\n{''.join(out)}Content-Length: {length}\r\n\r\n"
+                                   .encode("latin-1") + data)
+                    continue
+                client.sendall(f"HTTP/1.1 {status}\r\n{''.join(out)}Transfer-Encoding: chunked\r\n\r\n"
+                               .encode("latin-1"))
+                while True:
+                    size = int(ufile.readline().split(b";")[0], 16)
+                    if not size:
+                        ufile.readline()
+                        client.sendall(b"0\r\n\r\n")
+                        break
+                    data = ufile.read(size + 2)
+                    client.sendall(b"%x\r\n%s" % (size, data))
+        except (OSError, ValueError):
+            pass
+        finally:
+            client.close()
+            upstream.close()
+
+    listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+    print("PORT", listener.getsockname()[1], flush=True)
+    threading.Thread(target=lambda: sys.stdin.read() and None or os._exit(0), daemon=True).start()
+    while True:
+        client, _ = listener.accept()
+        threading.Thread(target=serve, args=(client,), daemon=True).start()
+
+
 def cprofile_proxy_role(script, out_path, argv):
     """Run ``ragproxy.main(argv)`` with every connection thread under cProfile."""
     import cProfile
@@ -594,6 +674,10 @@ def print_table(name, rows, opts):
         print(line)
 
 
+_YARDSTICKS = {"relay": "a bare TCP relay: what the extra hop costs by itself",
+               "python-floor": "the least Python a proxy can run per request (--floor)"}
+
+
 def print_verdict(results, opts):
     print()
     print(f"target: at most +{TARGET_ADDED_P50_MS} ms p50 per request (stream: to the first event); "
@@ -601,14 +685,16 @@ def print_verdict(results, opts):
     relays = {(r["scenario"], r["clients"]): r for r in results if r["path"] == "relay"}
     for r in results:
         where = f"  {r['scenario']:<7}{r['clients']:>3} clients  {r['path']:<14}"
-        relay = relays.get((r["scenario"], r["clients"])) if r["path"] != "relay" else None
+        relay = relays.get((r["scenario"], r["clients"])) if r["path"] not in _YARDSTICKS else None
         key = "added_first_p50_ms" if r["scenario"] == "stream" else "added_p50_ms"
         beyond = ""
         if relay is not None and relay.get(key) is not None and r.get(key) is not None:
             beyond = f"; beyond the bare relay {r[key] - relay[key]:+.3f} ms"
-        if r["path"] == "relay" and key in r:
+        if r["path"] in _YARDSTICKS and "added_event_p50_us" in r:
+            print(f"{where}added per event p50 {r['added_event_p50_us']:+.1f} us  ({_YARDSTICKS[r['path']]})")
+        elif r["path"] in _YARDSTICKS and key in r:
             print(f"{where}added p50{' to the first event' if key != 'added_p50_ms' else ''} "
-                  f"{r[key]:+.3f} ms  (a bare TCP relay: what the extra hop costs by itself)")
+                  f"{r[key]:+.3f} ms  ({_YARDSTICKS[r['path']]})")
         elif r["scenario"] in ("chat", "slow") and "added_p50_ms" in r:
             ok = r["added_p50_ms"] <= TARGET_ADDED_P50_MS
             print(f"{where}added p50 {r['added_p50_ms']:+.3f} ms  {'met' if ok else 'MISSED'}{beyond}")
@@ -676,7 +762,10 @@ def _parse_args(argv):
                    "and save the stats (slows the proxy: latencies are not comparable)")
     p.add_argument("--no-relay", action="store_true",
                    help="leave out the bare TCP relay (the cost of the extra hop alone)")
-    p.add_argument("--role", choices=("upstream", "relay", "proxy-cprofile"), help=argparse.SUPPRESS)
+    p.add_argument("--floor", action="store_true",
+                   help="add a minimal Python proxy (see floor_role): the least Python per request, "
+                        "to tell what Python itself costs on this machine from what ragproxy adds")
+    p.add_argument("--role", choices=("upstream", "relay", "floor", "proxy-cprofile"), help=argparse.SUPPRESS)
     p.add_argument("--profile-out", help=argparse.SUPPRESS)
     p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
@@ -704,6 +793,9 @@ def main(argv=None):
         return 0
     if opts.role == "relay":
         relay_role(int(opts.rest[0]))
+        return 0
+    if opts.role == "floor":
+        floor_role(int(opts.rest[0]))
         return 0
     if opts.role == "proxy-cprofile":
         cprofile_proxy_role(opts.ragproxy, opts.profile_out, opts.rest)
@@ -733,7 +825,7 @@ def main(argv=None):
           f"{opts.warmup:g} s warm-up; user message {opts.prompt_bytes} bytes; 127.0.0.1 only")
 
     workdir = tempfile.mkdtemp(prefix="ragproxy-bench-")
-    upstream = proxies = spy = relay = None
+    upstream = proxies = spy = relay = floor = None
     results = []
     try:
         upstream = Child([opts.python, os.path.abspath(__file__), "--role", "upstream"], dict(os.environ),
@@ -741,6 +833,9 @@ def main(argv=None):
         if not opts.no_relay:
             relay = Child([opts.python, os.path.abspath(__file__), "--role", "relay", "--", str(upstream.port)],
                           dict(os.environ), None, "relay")
+        if opts.floor:
+            floor = Child([opts.python, os.path.abspath(__file__), "--role", "floor", "--", str(upstream.port)],
+                          dict(os.environ), None, "python floor")
         proxies = []
         for pure in modes:
             proxies.append(start_proxy(opts.python, opts.ragproxy, upstream.port, workdir, pure,
@@ -748,7 +843,8 @@ def main(argv=None):
         if opts.py_spy:
             spy = _py_spy_start(proxies[0].pid, opts.py_spy)
             time.sleep(0.5)
-        targets = [("direct", None)] + ([("relay", relay)] if relay is not None else []) + [
+        targets = [("direct", None)] + ([("relay", relay)] if relay is not None else []) + (
+            [("python-floor", floor)] if floor is not None else []) + [
             ("ragproxy-pure" if pure else "ragproxy", child) for pure, child in zip(modes, proxies)]
         for i, path in enumerate(opts.compare, 1):
             child = start_proxy(opts.python, path, upstream.port, workdir, modes[0], label=f"compare-{i}")
@@ -770,8 +866,9 @@ def main(argv=None):
                 spy.kill()
         for child in proxies or []:
             child.stop(signal.SIGINT)
-        if relay is not None:
-            relay.stop(None)
+        for child in (relay, floor):
+            if child is not None:
+                child.stop(None)
         if upstream is not None:
             upstream.stop(None)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -202,12 +202,12 @@ def test_perf_dense_and_startup_tiny(tmp_path):
 
 def test_proxy_overhead_runs_every_side_with_a_compare_copy():
     proc = run_script("proxy_overhead.py", "--scenarios", "chat,stream", "--clients", "1", "--requests", "20",
-                      "--rounds", "2", "--warmup", "0", "--json", "--compare", ragproxy.__file__)
+                      "--rounds", "2", "--warmup", "0", "--json", "--floor", "--compare", ragproxy.__file__)
     assert proc.returncode == 0, proc.stderr
     (report,) = last_json(proc.stdout)
     rows = {(r["scenario"], r["path"]): r for r in report["results"]}
     for scenario in ("chat", "stream"):
-        for path in ("direct", "relay", "ragproxy", "compare-1"):
+        for path in ("direct", "relay", "python-floor", "ragproxy", "compare-1"):
             row = rows[(scenario, path)]
             assert row["errors"] == 0 and row["requests"] >= 20
         assert "added_p50_ms" in rows[(scenario, "compare-1")]
