@@ -1656,25 +1656,29 @@ class UpstreamResponse:
         """Return the next bytes available (b"" at the end); raise UpstreamError on failure."""
         if self._done:
             return b""
-        data = self._reading(self._read1)
+        try:
+            data = self._read1()
+        except Exception as exc:
+            self._fail(exc)
         if not data:
             self._done = True
             self._release()
         return data
 
-    def _reading(self, read, *args):
-        try:
-            return read(*args)
-        except (socket.timeout, TimeoutError) as exc:
-            self.close()
+    def _fail(self, exc):
+        """Close, and raise the UpstreamError for an exception from reading the body."""
+        self.close()
+        if isinstance(exc, (socket.timeout, TimeoutError)):
             raise UpstreamError("timeout", f"upstream stopped sending: {exc or 'read timed out'}") from None
-        except Exception as exc:  # the connection broke mid-body; the details vary by library
-            self.close()
-            raise UpstreamError("unreachable", f"upstream connection broke: {exc}") from None
+        # The connection broke mid-body; the details vary by library.
+        raise UpstreamError("unreachable", f"upstream connection broke: {exc}") from None
 
     def read_all(self, limit=None):
         if self._read_rest is not None and not self._done:
-            data = self._reading(self._read_rest, limit)
+            try:
+                data = self._read_rest(limit)
+            except Exception as exc:
+                self._fail(exc)
             if data is not None:  # a body of known length, read in one go
                 self._done = True
                 self._release()
@@ -2068,18 +2072,15 @@ class _FixedBody:
         return data
 
 
-_CHUNK_SIZE = re.compile(rb"[ \t]*([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n?\Z")
-
-
 def _chunk_size(line):
     """The size on a chunked-encoding size line (extensions ignored); ValueError if malformed.
 
     Only hex digits: int(x, 16) alone would take "-5", "+5", "0x5" and "1_0".
     """
-    m = _CHUNK_SIZE.match(line)
-    if m is None:
+    token = line.split(b";", 1)[0].strip(b" \t\r\n")
+    if not token or len(token) > 16 or token.strip(b"0123456789abcdefABCDEF"):
         raise ValueError(f"malformed chunk size line {line[:40]!r}")
-    return int(m.group(1), 16)
+    return int(token, 16)
 
 
 _SIZE_LINE, _DATA, _DATA_END, _TRAILER = range(4)
@@ -2107,6 +2108,19 @@ class _ChunkedBody:
             data = self.rfile.read1(_READ_SIZE)
             if not data:
                 raise ConnectionError("chunked response body ended early")
+            if self._state == _SIZE_LINE and not self._buf:
+                # The usual read, one whole chunk, takes a few C-level calls:
+                # a model's events come milliseconds apart, each to a cold CPU
+                # cache, where every extra line of Python costs.
+                eol = data.find(b"\n")
+                if eol > 0:
+                    try:
+                        size = _chunk_size(data[:eol + 1])
+                    except ValueError as exc:
+                        raise ConnectionError(str(exc)) from None
+                    stop = eol + 1 + size
+                    if size and data[stop:] == b"\r\n":
+                        return data[eol + 1:stop]
             out = self._decode(self._buf + data if self._buf else data)
             if out:
                 return out
