@@ -9827,19 +9827,15 @@ class App:
 
     def _record(self, trace, status, streamed, error=None):
         exchange = trace.exchange
+        retrieval = exchange.retrieval or {}
         entry = {"time": trace.started, "client": trace.client, "model": exchange.model,
                  "upstream": exchange.provider.name, "endpoint": exchange.endpoint.name,
-                 "kbs": [], "retrieval_mode": None, "outcome": "none", "chunk_ids": [],
-                 "context_tokens": None, "retrieval_ms": None, "retrieval_stages": None,
-                 "upstream_ms": trace.upstream_ms, "total_ms": (self.clock() - trace.started) * 1000.0,
-                 "status": status, "streamed": streamed, "error": error, "query": None}
-        retrieval = exchange.retrieval
-        if retrieval:
-            entry.update(kbs=retrieval.get("kbs", []), retrieval_mode=retrieval.get("mode"),
-                         outcome=retrieval.get("outcome", "none"), chunk_ids=list(retrieval.get("sources", ())),
-                         context_tokens=retrieval.get("context_tokens"), retrieval_ms=retrieval.get("ms"),
-                         retrieval_stages=retrieval.get("stages"), error=error or retrieval.get("error"),
-                         query=retrieval.get("query"))
+                 "kbs": retrieval.get("kbs", []), "retrieval_mode": retrieval.get("mode"),
+                 "outcome": retrieval.get("outcome", "none"), "chunk_ids": list(retrieval.get("sources", ())),
+                 "context_tokens": retrieval.get("context_tokens"), "retrieval_ms": retrieval.get("ms"),
+                 "retrieval_stages": retrieval.get("stages"), "upstream_ms": trace.upstream_ms,
+                 "total_ms": (self.clock() - trace.started) * 1000.0, "status": status, "streamed": streamed,
+                 "error": error or retrieval.get("error"), "query": retrieval.get("query")}
         self.metrics.observe_request(entry)
         if self.request_log is not None:
             self.request_log.record(entry)
