@@ -800,7 +800,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if body:
             try:
                 parsed = json.loads(body)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON to us, as to a real server
                 parsed = None
         headers = {}
         for name, value in self.headers.items():

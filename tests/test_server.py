@@ -271,6 +271,13 @@ def test_generic_v1_path_forwarded_to_catch_all(proxy, fake):
     assert fake.last.path == "/v1/models/fake-model"
 
 
+def test_a_body_too_deep_to_read_a_model_from_goes_to_the_catch_all(proxy, fake):
+    sock = _connect(proxy)
+    sock.sendall(_post("/v1/some/new/endpoint", b"[" * 100_000, {"Content-Type": "application/json"}))
+    status, _, _ = _read_response(sock)
+    assert status != 500 and fake.last.path == "/v1/some/new/endpoint"
+
+
 def _send_slowly(sock, data):
     try:
         for i in range(len(data)):  # one byte per segment: the head is never all buffered
