@@ -1907,13 +1907,9 @@ class _SocketPool:
     def _read_head(self, rfile):
         """``(version, status, reason, headers)`` of the final response, interim 1xx skipped."""
         while True:
-            lines = _buffered_head_lines(rfile)  # waits for the answer
-            if lines is None:
-                if not rfile.peek(1):
-                    raise _StaleConnection()
-                lines = _read_head_lines(rfile, self._MAX_HEADERS + 1, self._MAX_LINE, eof_ends=False)
-            elif len(lines) > self._MAX_HEADERS + 1:
-                raise _HeadTooLarge("Too many headers")
+            if not rfile.peek(1):  # waits for the answer
+                raise _StaleConnection()
+            lines = _read_head_lines(rfile, self._MAX_HEADERS + 1, self._MAX_LINE, eof_ends=False)
             if not lines:
                 raise ValueError("not an HTTP response: an empty line")
             version, _, rest = lines[0].partition(" ")
@@ -2114,10 +2110,7 @@ class _ChunkedBody:
                 # cache, where every extra line of Python costs.
                 eol = data.find(b"\n")
                 if eol > 0:
-                    try:
-                        size = _chunk_size(data[:eol + 1])
-                    except ValueError as exc:
-                        raise ConnectionError(str(exc)) from None
+                    size = self._size(data[:eol + 1])
                     stop = eol + 1 + size
                     if size and data[stop:] == b"\r\n":
                         return data[eol + 1:stop]
@@ -2159,16 +2152,20 @@ class _ChunkedBody:
                         self._buf = b""
                         return b"".join(out)
                     continue
-                try:
-                    size = _chunk_size(line)
-                except ValueError as exc:
-                    raise ConnectionError(str(exc)) from None
+                size = self._size(line)
                 if size:
                     self._state, self._left = _DATA, size
                 else:
                     self._state = _TRAILER
         self._buf = buf[pos:]
         return b"".join(out)
+
+    @staticmethod
+    def _size(line):
+        try:
+            return _chunk_size(line)
+        except ValueError as exc:  # to the caller, a broken body like any other
+            raise ConnectionError(str(exc)) from None
 
 
 class _Urllib3Pool:
@@ -8401,8 +8398,7 @@ class _StreamTracker:
         return self.dialect == "responses"
 
     def feed(self, data):
-        if self.dialect != "responses":
-            return
+        """Note a Responses stream's sequence number and response id (see watches)."""
         seqs = self._SEQ.findall(data)
         if seqs:
             self.sequence = int(seqs[-1])
@@ -9382,11 +9378,11 @@ class _MetricFamily:
         self.overflow = 0   # observations refused because the family hit _METRICS_MAX_SERIES
 
     def _key(self, labels):
-        try:
-            if len(labels) == len(self.labelnames):
+        if len(labels) == len(self.labelnames):
+            try:
                 return tuple([str(labels[n]) for n in self.labelnames])
-        except KeyError:
-            pass
+            except KeyError:
+                pass
         raise ValueError(f"{self.name} takes labels {list(self.labelnames)}, got {sorted(labels)}")
 
     def _header(self):
@@ -10013,8 +10009,7 @@ class App:
 
     def wants_body_stream(self, method, path):
         """True when the request body should be read by the handler, not buffered (uploads)."""
-        return method == "POST" and self.admin is not None and \
-            self.admin.wants_body_stream(method, _normalize_path(path))
+        return self.admin is not None and self.admin.wants_body_stream(method, _normalize_path(path))
 
     def upstream_headers(self, request, provider):
         headers = {name: value for name, value in request.headers.items()
@@ -10387,9 +10382,10 @@ def _sse_to_ndjson(upstream, reply):
 # outside every KB folder, so the indexer never sees half a file); only an
 # upload that passed every check is moved in, and a rejected one leaves
 # nothing behind.  Its files land a moment before manifest.json names them;
-# the indexer reads the names on every pass, so that moment does not last.  Stored files get random names (<uuid hex><ext>): original
-# names are untrusted paths and may collide, so manifest.json in the
-# documents folder maps stored names back to what the operator uploaded.
+# the indexer reads the names on every pass, so that moment does not last.
+# Stored files get random names (<uuid hex><ext>): original names are
+# untrusted paths and may collide, so manifest.json in the documents folder
+# maps stored names back to what the operator uploaded.
 #
 # Public names: Uploads, UploadError, UploadLimits, UploadedPart,
 #   ALLOWED_UPLOAD_EXTS, ARCHIVE_EXTS, parse_multipart, safe_relative_path,
@@ -12021,7 +12017,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(400, f"Bad request syntax ({requestline!r})")
             return False
         command, path, version = words
-        if version != "HTTP/1.1":
+        before_11 = False
+        if version != "HTTP/1.1":  # the usual one needs no parsing
             major, dot, minor = version[5:].partition(".")
             if not (version.startswith("HTTP/") and dot and major.isdigit() and minor.isdigit()
                     and len(major) <= 10 and len(minor) <= 10):
@@ -12030,8 +12027,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if int(major) >= 2:
                 self.send_error(505, f"Invalid HTTP version ({version[5:]})")
                 return False
-        self._before_11 = version != "HTTP/1.1" and (int(major), int(minor)) < (1, 1)
-        self.close_connection = self._before_11
+            before_11 = (int(major), int(minor)) < (1, 1)
+        self._before_11 = self.close_connection = before_11
         self.request_version = version
         self.command, self.path = command, path
         if path.startswith("//"):
@@ -12075,7 +12072,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def send_error(self, code, message=None, explain=None):
         self.close_connection = True
         text = message or _REASONS.get(code, "error")
-        self._write(_error_response(_dialect_of((getattr(self, "path", "") or "/").partition("?")[0]), code, text))
+        path = (getattr(self, "path", "") or "/").partition("?")[0]
+        self._write(_error_response(_dialect_of(path), code, text))
 
     def handle_expect_100(self):
         limit = self.server.app.config.server["max_body_bytes"]

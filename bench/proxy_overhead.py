@@ -147,6 +147,17 @@ def relay_role(upstream_port):
             except OSError:
                 pass
 
+    def serve(client, upstream):
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+        pump(client, upstream)
+
+    _serve_connections(upstream_port, serve)
+
+
+def _serve_connections(upstream_port, serve):
+    """Listen on 127.0.0.1, print the port, and run ``serve(client, upstream)``
+    on a thread per connection, each with its own upstream connection; exit
+    when stdin closes (the benchmark stopping this role)."""
     listener = socket.create_server(("127.0.0.1", 0), backlog=128)
     print("PORT", listener.getsockname()[1], flush=True)
     threading.Thread(target=lambda: sys.stdin.read() and None or os._exit(0), daemon=True).start()
@@ -155,8 +166,7 @@ def relay_role(upstream_port):
         upstream = socket.create_connection(("127.0.0.1", upstream_port))
         for sock in (client, upstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
-        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+        threading.Thread(target=serve, args=(client, upstream), daemon=True).start()
 
 
 def floor_role(upstream_port):
@@ -171,12 +181,9 @@ def floor_role(upstream_port):
     lies what running any Python per request costs on the machine; what
     ragproxy adds beyond this is its own work.
     """
-    def serve(client):
+    def serve(client, upstream):
         client.settimeout(60)
-        upstream = socket.create_connection(("127.0.0.1", upstream_port))
         upstream.settimeout(60)
-        for sock in (client, upstream):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         rfile, ufile = client.makefile("rb", 65536), upstream.makefile("rb", 65536)
         try:
             while True:
@@ -231,12 +238,7 @@ def floor_role(upstream_port):
             client.close()
             upstream.close()
 
-    listener = socket.create_server(("127.0.0.1", 0), backlog=128)
-    print("PORT", listener.getsockname()[1], flush=True)
-    threading.Thread(target=lambda: sys.stdin.read() and None or os._exit(0), daemon=True).start()
-    while True:
-        client, _ = listener.accept()
-        threading.Thread(target=serve, args=(client,), daemon=True).start()
+    _serve_connections(upstream_port, serve)
 
 
 def cprofile_proxy_role(script, out_path, argv):
@@ -791,17 +793,15 @@ def main(argv=None):
     if opts.role == "upstream":
         upstream_role()
         return 0
-    if opts.role == "relay":
-        relay_role(int(opts.rest[0]))
-        return 0
-    if opts.role == "floor":
-        floor_role(int(opts.rest[0]))
+    if opts.role in ("relay", "floor"):
+        (relay_role if opts.role == "relay" else floor_role)(int(opts.rest[0]))
         return 0
     if opts.role == "proxy-cprofile":
         cprofile_proxy_role(opts.ragproxy, opts.profile_out, opts.rest)
         return 0
 
     modes = [False, True] if opts.both else [opts.pure]
+    first_label = "ragproxy-pure" if modes[0] else "ragproxy"  # the process --py-spy / --cprofile watch
     versions = {("ragproxy-pure" if pure else "ragproxy"): version_line(opts.python, opts.ragproxy, pure)
                 for pure in modes}
     cpus = os.cpu_count()
@@ -830,12 +830,12 @@ def main(argv=None):
     try:
         upstream = Child([opts.python, os.path.abspath(__file__), "--role", "upstream"], dict(os.environ),
                          None, "fake upstream")
-        if not opts.no_relay:
-            relay = Child([opts.python, os.path.abspath(__file__), "--role", "relay", "--", str(upstream.port)],
-                          dict(os.environ), None, "relay")
-        if opts.floor:
-            floor = Child([opts.python, os.path.abspath(__file__), "--role", "floor", "--", str(upstream.port)],
-                          dict(os.environ), None, "python floor")
+        def yardstick(role):
+            return Child([opts.python, os.path.abspath(__file__), "--role", role, "--", str(upstream.port)],
+                         dict(os.environ), None, role)
+
+        relay = None if opts.no_relay else yardstick("relay")
+        floor = yardstick("floor") if opts.floor else None
         proxies = []
         for pure in modes:
             proxies.append(start_proxy(opts.python, opts.ragproxy, upstream.port, workdir, pure,
@@ -874,9 +874,9 @@ def main(argv=None):
         shutil.rmtree(workdir, ignore_errors=True)
     print_verdict(results, opts)
     if opts.py_spy:
-        print(f"\npy-spy samples of the {'ragproxy-pure' if modes[0] else 'ragproxy'} process: {opts.py_spy}")
+        print(f"\npy-spy samples of the {first_label} process: {opts.py_spy}")
     if opts.cprofile:
-        print(f"\ncProfile stats of the {'ragproxy-pure' if modes[0] else 'ragproxy'} process: {opts.cprofile} "
+        print(f"\ncProfile stats of the {first_label} process: {opts.cprofile} "
               "(python -m pstats FILE; latencies above include cProfile's slowdown)")
     if opts.json:
         print(json.dumps({"bench": "proxy_overhead", "python": platform.python_version(), "cpus": cpus,

@@ -43,6 +43,16 @@ def logged_rows(app, count, timeout=5.0):
         time.sleep(0.01)
 
 
+def send_slowly(sock, data):
+    """Send one byte per segment, so the receiver never has a whole head buffered."""
+    try:
+        for i in range(len(data)):
+            sock.sendall(data[i:i + 1])
+            time.sleep(0.0002)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused before the end: the answer is waiting to be read
+
+
 @pytest.fixture
 def fake():
     with FakeUpstream() as upstream:

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import ragproxy
+from conftest import logged_rows
 
 T0 = 1_700_000_000.0
 
@@ -453,7 +454,6 @@ def test_proxied_calls_are_logged_and_counted(make_proxy, fake, tmp_path):
     fake.fail_next(500, path="/v1/chat/completions")
     with pytest.raises(openai.APIStatusError):
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
-    from conftest import logged_rows
     rows = logged_rows(p.app, 3)
     assert len(rows) == 3
     by_model = {(r["model"], r["streamed"]): r for r in rows}
@@ -479,7 +479,6 @@ def test_query_text_logged_only_when_asked(make_proxy, fake, tmp_path):
     p = _proxy_with_kb(make_proxy, fake, tmp_path, log_query=True)
     openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0).chat.completions.create(
         model="llama3", messages=[{"role": "user", "content": "purple elephant?"}])
-    from conftest import logged_rows
     assert logged_rows(p.app, 1)[0]["query"] == "purple elephant?"
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import API_KEY, proxy_config
+from conftest import API_KEY, proxy_config, send_slowly
 
 
 def _connect(proxy):
@@ -278,18 +278,9 @@ def test_a_body_too_deep_to_read_a_model_from_goes_to_the_catch_all(proxy, fake)
     assert status != 500 and fake.last.path == "/v1/some/new/endpoint"
 
 
-def _send_slowly(sock, data):
-    try:
-        for i in range(len(data)):  # one byte per segment: the head is never all buffered
-            sock.sendall(data[i:i + 1])
-            time.sleep(0.0002)
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # refused before the end: the answer is waiting to be read
-
-
 @pytest.mark.parametrize("trickle", [False, True], ids=["buffered", "trickled"])
 def test_request_heads_parse_alike_however_they_arrive(proxy, fake, trickle):
-    send = _send_slowly if trickle else (lambda sock, data: sock.sendall(data))
+    send = send_slowly if trickle else (lambda sock, data: sock.sendall(data))
     crlf = _post("/v1/chat/completions", CHAT, {"Content-Type": "application/json", "X-Trace": "one",
                                                  "X-Folded": "first"})
     crlf = crlf.replace(b"X-Folded: first\r\n", b"X-Folded: first\r\n   second\r\n")
@@ -308,7 +299,7 @@ def test_request_heads_parse_alike_however_they_arrive(proxy, fake, trickle):
 
 @pytest.mark.parametrize("trickle", [False, True], ids=["buffered", "trickled"])
 def test_bad_request_heads_are_refused_however_they_arrive(proxy, trickle):
-    send = _send_slowly if trickle else (lambda sock, data: sock.sendall(data))
+    send = send_slowly if trickle else (lambda sock, data: sock.sendall(data))
     cases = [
         (b"GET /v1/models HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 101 + b"\r\n", 431),
         (b"GET /v1/models HTTP/1.1\r\nNo colon here\r\n\r\n", 400),

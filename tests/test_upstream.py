@@ -11,6 +11,7 @@ import time
 import pytest
 
 import ragproxy
+from conftest import send_slowly
 
 
 class ScriptedServer:
@@ -135,7 +136,7 @@ _CHUNKED_BODY = (b"7;name=value\r\ndata: 0\r\n" + b"9\r\ndata: 1\n\n\r\n" + b"00
 def test_chunked_bodies_decode_alike_however_they_arrive(pool, serve, trickle):
     def script(n, conn, req):
         if trickle:
-            _send_slowly(conn, _CHUNKED_HEAD + _CHUNKED_BODY)
+            send_slowly(conn, _CHUNKED_HEAD + _CHUNKED_BODY)
         else:
             conn.sendall(_CHUNKED_HEAD + _CHUNKED_BODY)
     server = serve(script)
@@ -297,12 +298,6 @@ def test_closing_a_response_mid_body_stops_the_upstream(pool, serve):
     assert stopped.wait(3.0)  # the server saw the connection go away
 
 
-def _send_slowly(conn, data):
-    for i in range(len(data)):  # one byte per segment: no head is ever all buffered
-        conn.sendall(data[i:i + 1])
-        time.sleep(0.0005)
-
-
 @pytest.mark.parametrize("trickle", [False, True], ids=["buffered", "trickled"])
 def test_response_heads_parse_alike_however_they_arrive(pool, serve, trickle):
     heads = [
@@ -313,7 +308,7 @@ def test_response_heads_parse_alike_however_they_arrive(pool, serve, trickle):
         b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\nX-Twice: a\r\nX-Twice: b\n"  # mixed
         b"X-Space:   padded  \r\nContent-Length: 2\r\n\r\nok",
     ]
-    send = _send_slowly if trickle else (lambda conn, data: conn.sendall(data))
+    send = send_slowly if trickle else (lambda conn, data: conn.sendall(data))
     server = serve(lambda n, conn, req: send(conn, heads[n - 1]))
     for _ in heads:
         resp = call(pool, server.url + "/x")
@@ -329,7 +324,7 @@ def test_response_heads_parse_alike_however_they_arrive(pool, serve, trickle):
 
 @pytest.mark.parametrize("trickle", [False, True], ids=["buffered", "trickled"])
 def test_malformed_response_heads_are_refused_however_they_arrive(serve, trickle):
-    send = _send_slowly if trickle else (lambda conn, data: conn.sendall(data))
+    send = send_slowly if trickle else (lambda conn, data: conn.sendall(data))
     bad = [
         b"HTTP/1.1 200 OK\r\nNo colon here\r\nContent-Length: 0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\n" + b"X-Many: 1\r\n" * 201 + b"Content-Length: 0\r\n\r\n",
