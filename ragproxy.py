@@ -1615,6 +1615,13 @@ class ConfigFile:
 
 _READ_SIZE = 65536
 
+# Where the kernel keeps a socket's timeouts (SO_RCVTIMEO/SO_SNDTIMEO on a
+# blocking socket), each recv or send is one system call.  Python's own
+# timeouts make each a poll() first, and every I/O on the proxy's path sits
+# right after a wait, where a system call is at its slowest.  Elsewhere
+# (timeval layouts differ) Python keeps the timeouts.
+_KERNEL_TIMEOUTS = sys.platform.startswith("linux")
+
 
 class UpstreamError(Exception):
     """The upstream failed before answering: ``kind`` is "unreachable" or "timeout"."""
@@ -1877,18 +1884,19 @@ class _SocketPool:
             reused = conn is not None
             if conn is None:
                 try:
-                    conn = _SocketConnection(socket.create_connection(key, timeout=connect_timeout))
+                    conn = _SocketConnection(socket.create_connection(key, timeout=connect_timeout),
+                                             read_timeout)
                 except OSError as exc:
                     raise UpstreamError("unreachable", f"cannot connect to {host}:{port}: {exc}") from None
             try:
                 if conn.timeout != read_timeout:
-                    conn.sock.settimeout(read_timeout)
+                    _set_io_timeout(conn.sock, read_timeout)
                     conn.timeout = read_timeout
                 conn.sock.sendall(payload)
                 if body and payload is head:
                     conn.sock.sendall(body)
                 version, status, reason, response_headers = self._read_head(conn.rfile)
-            except (socket.timeout, TimeoutError):
+            except (socket.timeout, TimeoutError, BlockingIOError):  # BlockingIOError: a send timed out
                 _close_quietly(conn)
                 raise UpstreamError("timeout", f"upstream {host}:{port} did not answer "
                                                f"within {read_timeout:g} s") from None
@@ -1957,14 +1965,56 @@ class _SocketPool:
         self._idle.close()
 
 
+def _timed_reader(sock, seconds, size):
+    """A buffered reader of ``sock``, whose reads and writes now time out after ``seconds``.
+
+    A read that times out raises socket.timeout either way; a write that
+    times out raises socket.timeout here and BlockingIOError on Linux, where
+    sendall() gets EAGAIN from the kernel (see _KERNEL_TIMEOUTS).
+    """
+    if not _KERNEL_TIMEOUTS:
+        sock.settimeout(seconds)
+        return sock.makefile("rb", size)
+    sock.settimeout(None)
+    _set_io_timeout(sock, seconds)
+    return io.BufferedReader(_SocketReader(sock), size)
+
+
+def _set_io_timeout(sock, seconds):
+    """Change the timeout of a socket set up by _timed_reader."""
+    if not _KERNEL_TIMEOUTS:
+        sock.settimeout(seconds)
+        return
+    micros = max(round(seconds * 1e6), 1) if seconds else 0  # a zero timeval waits for ever, as None does
+    timeval = struct.pack("@ll", *divmod(micros, 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
+class _SocketReader(io.RawIOBase):
+    """Raw reads of a blocking socket with kernel timeouts: EAGAIN is the timeout."""
+
+    def __init__(self, sock):
+        self._recv_into = sock.recv_into
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        try:
+            return self._recv_into(buffer)
+        except BlockingIOError:
+            raise socket.timeout("timed out") from None
+
+
 class _SocketConnection:
     """One upstream socket and its buffered reader."""
 
     __slots__ = ("sock", "rfile", "timeout")
 
-    def __init__(self, sock):
+    def __init__(self, sock, timeout):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock, self.rfile, self.timeout = sock, sock.makefile("rb", _READ_SIZE), sock.gettimeout()
+        self.sock, self.rfile, self.timeout = sock, _timed_reader(sock, timeout, _READ_SIZE), timeout
 
     def close(self):
         with contextlib.suppress(OSError):
@@ -11989,7 +12039,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.send_error(501, f"Unsupported method ({self.command!r})")
                 return
             serve()
-        except (socket.timeout, TimeoutError) as exc:  # a read or a write timed out: drop the connection
+        except (socket.timeout, TimeoutError, BlockingIOError) as exc:  # a read or a write timed out: drop it
             self.log_error("Request timed out: %r", exc)
             self.close_connection = True
 
@@ -12064,8 +12114,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             super().log_request(code, size)
 
     def setup(self):
-        self.timeout = self.server.app.config.server["client_timeout"]
-        super().setup()
+        super().setup()  # no self.timeout: the connection's timeouts are set below
+        self.rfile.close()  # the stdlib's reader; closing it lets the socket close with the connection
+        self.rfile = _timed_reader(self.connection, self.server.app.config.server["client_timeout"],
+                                   io.DEFAULT_BUFFER_SIZE)
 
     # BaseHTTPRequestHandler reports its own parse errors (bad request line,
     # 414, 431, 501) through send_error; answer those in JSON too.

@@ -225,6 +225,16 @@ def admin_proxy(make_admin_proxy):
     return make_admin_proxy()
 
 
+
+@pytest.fixture(params=["kernel", "python"])
+def timeouts(request, monkeypatch):
+    """Run a test with socket timeouts kept by the kernel (Linux) and by Python (elsewhere)."""
+    if request.param == "kernel" and not ragproxy._KERNEL_TIMEOUTS:
+        pytest.skip("kernel socket timeouts are used on Linux only")
+    monkeypatch.setattr(ragproxy, "_KERNEL_TIMEOUTS", request.param == "kernel")
+    return request.param
+
+
 # --- dense vectors (test_dense, test_store) -------------------------------------
 
 @pytest.fixture(params=["numpy", "pure"])

@@ -209,7 +209,7 @@ def test_garbage_request_line_gets_json_400(proxy):
     assert status == 400 and json.loads(payload)["error"]
 
 
-def test_slow_client_is_timed_out_with_408(make_proxy):
+def test_slow_client_is_timed_out_with_408(make_proxy, timeouts):
     p = make_proxy(server="  client_timeout: 0.5")
     sock = _connect(p)
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
@@ -217,7 +217,7 @@ def test_slow_client_is_timed_out_with_408(make_proxy):
     assert status == 408 and headers["connection"] == "close"
 
 
-def test_idle_keep_alive_connection_is_closed(make_proxy):
+def test_idle_keep_alive_connection_is_closed(make_proxy, timeouts):
     p = make_proxy(server="  client_timeout: 0.3")
     sock = _connect(p)
     sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -256,6 +256,45 @@ def test_timeouts_and_truncated_bodies(pool, serve):
     assert err.value.kind == "unreachable"
 
 
+def test_socket_pool_timeouts_on_every_kind_of_wait(timeouts, serve):
+    """Waiting for the head, a stalled body, a server that stops reading, and a
+    pooled connection whose timeout changed: each ends as a "timeout" in time."""
+    def script(n, conn, req):
+        if req["line"].startswith("POST /stall"):
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        elif req["line"].startswith("POST /fast"):
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            return None
+        time.sleep(1.5)
+        return "close"
+    server = serve(script)
+    pool = ragproxy._SocketPool()
+    try:
+        assert call(pool, server.url + "/fast", read_timeout=5.0).read_all() == b"ok"
+        started = time.monotonic()
+        with pytest.raises(ragproxy.UpstreamError) as err:
+            call(pool, server.url + "/head", read_timeout=0.3)  # on the pooled connection, at 0.3 s now
+        assert err.value.kind == "timeout" and time.monotonic() - started < 1.2
+        assert server.connections == 1
+        resp = call(pool, server.url + "/stall", read_timeout=0.3)
+        assert resp.read1() == b"hello"
+        with pytest.raises(ragproxy.UpstreamError) as err:
+            resp.read1()
+        assert err.value.kind == "timeout" and "stopped sending" in str(err.value)
+
+        with socket.socket() as deaf:  # accepts, never reads: the request body fills every buffer
+            deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            deaf.bind(("127.0.0.1", 0))
+            deaf.listen(1)
+            started = time.monotonic()
+            with pytest.raises(ragproxy.UpstreamError) as err:
+                call(pool, "http://127.0.0.1:%d/x" % deaf.getsockname()[1], body=b"x" * (32 << 20),
+                     read_timeout=0.3)
+            assert err.value.kind == "timeout" and time.monotonic() - started < 3.0
+    finally:
+        pool.close()
+
+
 def test_unreachable_and_garbage(pool, serve):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
