@@ -9783,6 +9783,28 @@ def _json_object_of(body):
     return payload
 
 
+# A body that names its model first: Claude Code, Codex and the Anthropic SDK
+# send them so.  Run only on a body _json_object_of accepted.
+_LEADING_MODEL = re.compile(rb'[ \t\r\n]*\{[ \t\r\n]*"model"[ \t\r\n]*:[ \t\r\n]*("(?:[^"\\]|\\.)*")')
+
+
+def _with_model(body, model, new_model):
+    """``body`` with its top-level "model" value ``model`` replaced by ``new_model``; None
+    when the body does not begin with that key and value.
+
+    Every other byte goes upstream as the client sent it.  Serializing the
+    whole payload again, the alternative, costs about 0.4 ms for a 100 KB
+    conversation and rewrites numbers and escapes the client chose.  Only the
+    first key is looked at, so a value that differs from the one parsed (the
+    last, had the client repeated the key) falls back to that.
+    """
+    found = _LEADING_MODEL.match(body)
+    if found is None or json.loads(found.group(1)) != model:
+        return None
+    return b"".join((body[:found.start(1)], json.dumps(new_model, ensure_ascii=False).encode("utf-8"),
+                     body[found.end(1):]))
+
+
 def _json_response(status, obj, headers=()):
     return Response(status, [("Content-Type", "application/json")] + list(headers), _json_bytes(obj))
 
@@ -10023,17 +10045,21 @@ class App:
         provider = self._pick_provider(route, endpoint.dialect)
         exchange = Exchange(request, endpoint, payload, route, provider, model, kb_override=kb_override)
         trace.exchange = exchange
+        sent_model = payload.get("model", "")
         upstream_model = route.upstream_model or model
-        if upstream_model != payload.get("model", ""):
+        if upstream_model != sent_model:
             payload["model"] = upstream_model
-            exchange.changed = True
         for rewrite in self.rewriters:
             rewrite(exchange)
         if endpoint.name == "count_tokens" and provider.type != "anthropic":
             return _json_response(200, {"input_tokens": _estimate_body_tokens(request.body)})
         if endpoint.dialect == "ollama" and provider.type != "ollama":
             return _translate_ollama_call(self, exchange)
-        body = _json_bytes(payload) if exchange.changed else request.body
+        body = request.body
+        if exchange.changed:
+            body = _json_bytes(payload)
+        elif upstream_model != sent_model:
+            body = _with_model(body, sent_model, upstream_model) or _json_bytes(payload)
         url = _upstream_url(provider, path, request.query)
         sent = self.clock()
         response = self._send(request, endpoint.dialect, provider, "POST", url, body, exchange.response_headers)

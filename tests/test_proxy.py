@@ -79,6 +79,40 @@ def test_model_rename_to_upstream_model(openai_client, fake):
     assert reply.choices[0].message.content == "ECHO: who am i"
 
 
+def _post_raw(proxy, path, body):
+    import urllib.request
+    req = urllib.request.Request(proxy.url + path, data=body, method="POST",
+                                 headers={"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return resp.status
+
+
+def test_model_rename_keeps_every_other_byte_of_the_body(proxy, fake):
+    rest = b'"messages" :[{"role":"user","content":"caf\\u00e9 \xc3\xa9"}],"n":1.50,"big":1e400,"z":[ 1 ]}'
+    assert _post_raw(proxy, "/v1/chat/completions", b'{ "model" : "gpt-renamed",\n ' + rest) == 200
+    assert fake.last.body == b'{ "model" : "real-model-name",\n ' + rest
+
+
+@pytest.mark.parametrize("body", [
+    b'{"messages":[{"role":"user","content":"x"}],"model":"gpt-renamed"}',      # the model is not first
+    b'{"model":"gpt-4o","messages":[{"role":"user","content":"x"}],"model":"gpt-renamed"}',  # repeated: last wins
+    b'{"\\u006dodel":"gpt-renamed","messages":[{"role":"user","content":"x"}]}',  # an escaped key
+])
+def test_model_rename_of_any_other_body_sends_the_payload_again(proxy, fake, body):
+    assert _post_raw(proxy, "/v1/chat/completions", body) == 200
+    sent = fake.last.body
+    assert json.loads(sent) == {"model": "real-model-name", "messages": [{"role": "user", "content": "x"}]}
+    assert sent.count(b'"model"') == 1
+
+
+def test_with_model_replaces_only_a_leading_model_of_the_parsed_value():
+    assert ragproxy._with_model(b'{"model":"a\\u0062","x":1}', "ab", 'n"\u00e9') == \
+        b'{"model":"n\\"\xc3\xa9","x":1}'
+    assert ragproxy._with_model(b'{"model":"a","model":"b"}', "b", "c") is None
+    assert ragproxy._with_model(b'{"x":{"model":"a"},"model":"a"}', "a", "c") is None
+    assert ragproxy._with_model(b'{"model" "a"}', "a", "c") is None
+
+
 def test_glob_routes_and_catch_all(proxy, fake):
     app = proxy.app
     assert app.resolve_route("claude-test-model").upstream == ("an",)
