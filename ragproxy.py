@@ -1617,9 +1617,9 @@ _READ_SIZE = 65536
 
 # Where the kernel keeps a socket's timeouts (SO_RCVTIMEO/SO_SNDTIMEO on a
 # blocking socket), each recv or send is one system call.  Python's own
-# timeouts make each a poll() first, and every I/O on the proxy's path sits
-# right after a wait, where a system call is at its slowest.  Elsewhere
-# (timeval layouts differ) Python keeps the timeouts.
+# timeouts put a poll() before each, and every I/O on the proxy's path comes
+# right after a wait, when a system call costs most.  Elsewhere (timeval
+# layouts differ) Python keeps the timeouts.
 _KERNEL_TIMEOUTS = sys.platform.startswith("linux")
 
 
@@ -1968,9 +1968,10 @@ class _SocketPool:
 def _timed_reader(sock, seconds, size):
     """A buffered reader of ``sock``, whose reads and writes now time out after ``seconds``.
 
-    A read that times out raises socket.timeout either way; a write that
-    times out raises socket.timeout here and BlockingIOError on Linux, where
-    sendall() gets EAGAIN from the kernel (see _KERNEL_TIMEOUTS).
+    A read that times out raises socket.timeout either way.  A write that
+    times out raises socket.timeout under Python's timeouts and
+    BlockingIOError under the kernel's, where sendall() gets EAGAIN (see
+    _KERNEL_TIMEOUTS).
     """
     if not _KERNEL_TIMEOUTS:
         sock.settimeout(seconds)
@@ -9732,7 +9733,7 @@ class Exchange:
     route: ModelRoute
     provider: Provider
     model: str
-    changed: bool = False
+    changed: bool = False      # a rewriter changed the payload: it is serialized again
     response_headers: list = dataclasses.field(default_factory=list)
     kb_override: list = None   # from a "model+kb1+kb2" name
     retrieval: dict = None     # what retrieval did, for the request log
@@ -9795,8 +9796,8 @@ def _with_model(body, model, new_model):
     Every other byte goes upstream as the client sent it.  Serializing the
     whole payload again, the alternative, costs about 0.4 ms for a 100 KB
     conversation and rewrites numbers and escapes the client chose.  Only the
-    first key is looked at, so a value that differs from the one parsed (the
-    last, had the client repeated the key) falls back to that.
+    first key is looked at: if its value is not the one parsed (a client that
+    repeats the key has the last one count), the answer is None.
     """
     found = _LEADING_MODEL.match(body)
     if found is None or json.loads(found.group(1)) != model:
