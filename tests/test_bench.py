@@ -155,6 +155,19 @@ def test_eval_retrieval_on_a_scifact_slice(tmp_path):
     assert "nDCG@10" in proc.stdout   # the readable table
 
 
+
+# -- request_body.py ----------------------------------------------------------------
+
+def test_request_body_measures_every_side_on_a_body_of_the_size_asked():
+    proc = run_script("request_body.py", "--sizes", "20000", "--repeat", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    ((size, sides),) = report["sizes"].items()
+    assert 20000 <= int(size) < 30000
+    assert set(sides) == {"json.loads", "parse (every call)", "serialize again", "replace model in place"}
+    assert all(us > 0 for us in sides.values())
+
+
 # -- perf.py ------------------------------------------------------------------------
 
 def blocked_libraries(tmp_path):

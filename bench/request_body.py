@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""What ragproxy spends on a request body of the size real coding tools send, in one run.
+
+    python bench/request_body.py                          # 10 KB, 100 KB, 500 KB bodies (~10 s)
+    python bench/request_body.py --sizes 100000 --repeat 50
+    python bench/request_body.py --ragproxy /tmp/try/ragproxy.py --json
+
+The bodies are shaped like Claude Code's /v1/messages calls
+(shared/docs/clients.md): the model first, then a conversation, a system prompt
+and tool definitions, made of pseudo-words (fixed seed) up to the size asked.
+Every side runs on the same bytes, in this process, back to back; the figure is
+the median of --repeat runs in microseconds.
+
+Sides:
+  json.loads                 the stdlib parser, as a yardstick
+  parse (every call)         ragproxy's _json_object_of: every proxied call pays it,
+                             to read the model and check the body
+  serialize again            _json_bytes of the payload: what a rewrite of the
+                             body costs (retrieval injection; a model rename before
+                             commit cbe4a73)
+  replace model in place     _with_model: a model rename now
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import statistics
+import string
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_ragproxy(path):
+    spec = importlib.util.spec_from_file_location("ragproxy", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ragproxy"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def claude_code_body(size, seed=5):
+    """JSON bytes of about ``size`` bytes, in the order and shape Claude Code sends."""
+    rng = random.Random(seed)
+    vocabulary = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9)))
+                  for _ in range(3000)]
+
+    def text(n):
+        return " ".join(rng.choice(vocabulary) for _ in range(max(1, n // 6)))
+
+    body = {"model": "claude-sonnet-4-5", "messages": [], "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1"},
+        {"type": "text", "text": text(size // 8), "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": f"tool_{i}", "description": text(size // 80),
+                   "input_schema": {"type": "object", "properties": {"arg": {"type": "string",
+                                                                             "description": text(60)}},
+                                    "required": ["arg"]}} for i in range(20)],
+        "metadata": {"user_id": json.dumps({"session": "bench"})}, "max_tokens": 32000, "stream": True}
+    turn = 0
+    while len(json.dumps(body)) < size:
+        body["messages"].append({"role": "user" if turn % 2 == 0 else "assistant",
+                                 "content": [{"type": "text", "text": text(min(3000, size // 20))}]})
+        turn += 1
+    return json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+
+def median_us(fn, repeat):
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def measure(rp, size, repeat):
+    body = claude_code_body(size)
+    payload = rp._json_object_of(body)
+    model = payload["model"]
+    sides = {"json.loads": lambda: json.loads(body),
+             "parse (every call)": lambda: rp._json_object_of(body),
+             "serialize again": lambda: rp._json_bytes(payload)}
+    with_model = getattr(rp, "_with_model", None)  # absent before commit cbe4a73
+    if with_model is not None:
+        renamed = with_model(body, model, "qwen2.5-coder:32b")
+        if renamed is None or json.loads(renamed) != dict(payload, model="qwen2.5-coder:32b"):
+            raise SystemExit("replace model in place gave a different payload")
+        sides["replace model in place"] = lambda: with_model(body, model, "qwen2.5-coder:32b")
+    return len(body), {name: round(median_us(fn, repeat), 1) for name, fn in sides.items()}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="10000,100000,500000", help="comma-separated body sizes in bytes")
+    p.add_argument("--repeat", type=int, default=30, help="timed runs per side and size (median)")
+    p.add_argument("--ragproxy", default=os.path.join(ROOT, "ragproxy.py"), help="the ragproxy.py to measure")
+    p.add_argument("--json", action="store_true", help="also print one JSON line with every figure")
+    args = p.parse_args(argv)
+    rp = load_ragproxy(args.ragproxy)
+    print(f"{rp.version_text()}; Claude Code-shaped bodies; median of {args.repeat} runs, microseconds")
+    report = {}
+    for size in (int(s) for s in args.sizes.split(",")):
+        actual, figures = measure(rp, size, args.repeat)
+        report[actual] = figures
+        print(f"\n{actual:,} bytes")
+        for name, us in figures.items():
+            print(f"  {name:24s} {us:10.1f} us")
+    if args.json:
+        print(json.dumps({"sizes": report}, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
