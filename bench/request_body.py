@@ -24,24 +24,14 @@ Sides:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import random
 import statistics
 import string
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_ragproxy(path):
-    spec = importlib.util.spec_from_file_location("ragproxy", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ragproxy"] = module
-    spec.loader.exec_module(module)
-    return module
+from perf import RAGPROXY, load_ragproxy
 
 
 def claude_code_body(size, seed=5):
@@ -99,7 +89,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10000,100000,500000", help="comma-separated body sizes in bytes")
     p.add_argument("--repeat", type=int, default=30, help="timed runs per side and size (median)")
-    p.add_argument("--ragproxy", default=os.path.join(ROOT, "ragproxy.py"), help="the ragproxy.py to measure")
+    p.add_argument("--ragproxy", default=RAGPROXY, help="the ragproxy.py to measure")
     p.add_argument("--json", action="store_true", help="also print one JSON line with every figure")
     args = p.parse_args(argv)
     rp = load_ragproxy(args.ragproxy)
