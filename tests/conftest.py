@@ -225,7 +225,6 @@ def admin_proxy(make_admin_proxy):
     return make_admin_proxy()
 
 
-
 @pytest.fixture(params=["kernel", "python"])
 def timeouts(request, monkeypatch):
     """Run a test with socket timeouts kept by the kernel (Linux) and by Python (elsewhere)."""
