@@ -9802,8 +9802,7 @@ def _with_model(body, model, new_model):
     found = _LEADING_MODEL.match(body)
     if found is None or json.loads(found.group(1)) != model:
         return None
-    return b"".join((body[:found.start(1)], json.dumps(new_model, ensure_ascii=False).encode("utf-8"),
-                     body[found.end(1):]))
+    return b"".join((body[:found.start(1)], _json_bytes(new_model), body[found.end(1):]))
 
 
 def _json_response(status, obj, headers=()):

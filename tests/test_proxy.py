@@ -36,13 +36,17 @@ def test_chat_non_stream_reaches_upstream_with_provider_key(openai_client, fake)
     assert seen.headers["accept-encoding"] == "identity"
 
 
-def test_chat_body_is_forwarded_byte_for_byte_when_unchanged(proxy, fake):
+def _post_raw(proxy, path, body):
     import urllib.request
-    body = b'{"model":"gpt-4o","messages":[{"role":"user","content":"x"}],"unknown_field":{"a":[1,2]},"z":1.50}'
-    req = urllib.request.Request(proxy.url + "/v1/chat/completions", data=body, method="POST",
+    req = urllib.request.Request(proxy.url + path, data=body, method="POST",
                                  headers={"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=5) as resp:
-        assert resp.status == 200
+        return resp.status
+
+
+def test_chat_body_is_forwarded_byte_for_byte_when_unchanged(proxy, fake):
+    body = b'{"model":"gpt-4o","messages":[{"role":"user","content":"x"}],"unknown_field":{"a":[1,2]},"z":1.50}'
+    assert _post_raw(proxy, "/v1/chat/completions", body) == 200
     assert fake.last.body == body
 
 
@@ -77,14 +81,6 @@ def test_model_rename_to_upstream_model(openai_client, fake):
         model="gpt-renamed", messages=[{"role": "user", "content": "who am i"}])
     assert fake.last.json["model"] == "real-model-name"
     assert reply.choices[0].message.content == "ECHO: who am i"
-
-
-def _post_raw(proxy, path, body):
-    import urllib.request
-    req = urllib.request.Request(proxy.url + path, data=body, method="POST",
-                                 headers={"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return resp.status
 
 
 def test_model_rename_keeps_every_other_byte_of_the_body(proxy, fake):
