@@ -7551,7 +7551,12 @@ def _largest_fitting(hi, ok):
 # -- injection -----------------------------------------------------------------
 
 def inject(endpoint, payload, text, mode="before_last_user"):
-    """Put ``text`` into ``payload`` (changed in place); True if it was.
+    """Put ``text`` into ``payload`` (changed in place); the paths it changed, () if none.
+
+    A path is a top-level key, ``("system",)``, whose value changed or is new,
+    or a key and a list index, ``("messages", 7)``, for an entry changed where
+    it stood (the list kept its length).  The proxy re-encodes only what the
+    paths name and passes every other byte of the body on as sent.
 
     Nothing is injected into a request with no human turn, for any mode, nor
     into an Ollama ``raw`` prompt (already templated; Ollama ignores ``system``
@@ -7562,26 +7567,25 @@ def inject(endpoint, payload, text, mode="before_last_user"):
         raise ValueError("inject mode must be one of %s, got %r" % (", ".join(INJECT_MODES), mode))
     view = _conversation(endpoint, payload)
     if view is None or not text or (endpoint == "ollama_generate" and payload.get("raw")):
-        return False
+        return ()
     fmt, seq = view
     if isinstance(seq, str):
         if not _strip_harness(seq).strip():
-            return False
+            return ()
         if mode in ("before_last_user", "new_message"):
             payload[fmt.turns] = _prefix_string(seq, text)
-        else:
-            _add_system(fmt, payload, text, mode == "system_prepend")
-        return True
+            return ((fmt.turns,),)
+        return (_add_system(fmt, payload, text, mode == "system_prepend"),)
     i = _last_human(fmt, seq)
     if i is None:
-        return False
+        return ()
     if mode == "before_last_user":
         _prefix_content(fmt, seq[i], text)
-    elif mode == "new_message":
+        return ((fmt.turns, i),)
+    if mode == "new_message":
         seq.insert(i, _context_message(fmt, text))
-    else:
-        _add_system(fmt, payload, text, mode == "system_prepend")
-    return True
+        return ((fmt.turns,),)
+    return (_add_system(fmt, payload, text, mode == "system_prepend"),)
 
 
 def _prefix_string(s, text):
@@ -7607,14 +7611,15 @@ def _context_message(fmt, text):
 
 
 def _add_system(fmt, payload, text, prepend):
+    """Add ``text`` to the system prompt; the path changed (see inject)."""
     if fmt.system == "message":
         messages = payload[fmt.turns]
-        for message in messages:
+        for i, message in enumerate(messages):
             if isinstance(message, dict) and message.get("role") in ("system", "developer"):
                 message["content"] = _with_text(message.get("content"), text, prepend, fmt.text_type)
-                return
+                return (fmt.turns, i)
         messages.insert(0, {"role": "system", "content": text})
-        return
+        return (fmt.turns,)
     current = payload.get(fmt.system)
     if isinstance(current, list) and current:
         block = {"type": fmt.text_type, "text": text}
@@ -7624,6 +7629,7 @@ def _add_system(fmt, payload, text, prepend):
             current.append(block)
     else:
         payload[fmt.system] = _with_text(current, text, prepend, fmt.text_type)
+    return (fmt.system,)
 
 
 def _with_text(content, text, prepend, part_type):
@@ -8424,8 +8430,12 @@ def _error_body(dialect, status, message, code=None):
     return _json_bytes(obj)
 
 
+def _json_text(obj):
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
 def _json_bytes(obj):
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return _json_text(obj).encode("utf-8")
 
 
 class _StreamTracker:
@@ -8770,8 +8780,9 @@ class Retriever:
             found = self._retrieve(exchange, names, query)
             if key and found.outcome in ("retrieved", "no_match"):
                 self.turns.put(key, found)
-        if found.text and inject(endpoint, payload, found.text, exchange.route.inject_mode):
-            exchange.changed = True
+        edits = inject(endpoint, payload, found.text, exchange.route.inject_mode) if found.text else ()
+        if edits:
+            exchange.edits.extend(edits)
             exchange.response_headers.append(("X-Ragproxy-Sources", ",".join(found.sources)))
         stages["total"] = clock() - started
         exchange.retrieval.update(sources=found.sources, hits=found.hits, ms=stages["total"] * 1000.0,
@@ -9733,7 +9744,8 @@ class Exchange:
     route: ModelRoute
     provider: Provider
     model: str
-    changed: bool = False      # a rewriter changed the payload: it is serialized again
+    changed: bool = False      # a rewriter changed the payload without saying where: all of it is encoded again
+    edits: list = dataclasses.field(default_factory=list)  # or the paths it changed (see inject): only they are
     response_headers: list = dataclasses.field(default_factory=list)
     kb_override: list = None   # from a "model+kb1+kb2" name
     retrieval: dict = None     # what retrieval did, for the request log
@@ -9803,6 +9815,96 @@ def _with_model(body, model, new_model):
     if found is None or json.loads(found.group(1)) != model:
         return None
     return b"".join((body[:found.start(1)], _json_bytes(new_model), body[found.end(1):]))
+
+
+_JSON_SPACE = re.compile(r"[ \t\r\n]*")
+
+
+def _json_members(text, pos, expand=()):
+    """Where the members of the JSON object or array at ``text[pos]`` lie, and where it closes.
+
+    An object gives ``({key: (start, end)}, close)`` with the span of each
+    value, an array ``([(start, end), ...], close)``.  An object member named
+    in ``expand`` whose value is an array has its entries' spans too:
+    ``(start, end, entries)``.  None for an object that repeats a key: the
+    parsed value is the last one, and which bytes to edit is then a guess.
+    ``text`` must be JSON the parser accepted; this only finds boundaries,
+    letting json's C scanner step over each value.
+    """
+    space = _JSON_SPACE.match
+    is_object = text[pos] == "{"
+    members = {} if is_object else []
+    pos = space(text, pos + 1).end()
+    if text[pos] in "}]":
+        return members, pos
+    while True:
+        if is_object:
+            key, pos = _scan_json(text, pos)
+            pos = space(text, space(text, pos).end() + 1).end()  # past the colon
+            if key in members:
+                return None
+            if key in expand and text[pos] == "[":
+                entries, end = _json_members(text, pos)
+                end += 1
+                members[key] = (pos, end, entries)
+            else:
+                _, end = _scan_json(text, pos)
+                members[key] = (pos, end)
+        else:
+            _, end = _scan_json(text, pos)
+            members.append((pos, end))
+        pos = space(text, end).end()
+        if text[pos] != ",":
+            return members, pos
+        pos = space(text, pos + 1).end()
+
+
+def _with_edits(body, payload, paths):
+    """``body`` with the values at ``paths`` (see inject) encoded again from ``payload``;
+    None when a path cannot be placed, and the whole payload must be encoded.
+
+    Everything else goes upstream byte for byte, as in _with_model.  Finding
+    the spans takes one more pass of json's C scanner, a fifth of what
+    encoding a Claude Code body again costs (bench/request_body.py), and an
+    injection changes one message or the system prompt of a body that is
+    mostly earlier turns and tool definitions.
+    """
+    text = body.decode("utf-8")
+    top = _json_members(text, _JSON_SPACE.match(text).end(), {path[0] for path in paths if len(path) > 1})
+    if top is None:
+        return None
+    spans, close = top
+    last = max((span[1] for span in spans.values()), default=close)  # new members go after it
+    edits = []  # (start, end, new text), for splicing in order
+    for path in dict.fromkeys(paths):
+        key = path[0]
+        if key not in payload:
+            return None
+        value = payload[key]
+        if key not in spans:  # a member the body did not have goes last
+            if len(path) > 1:
+                return None
+            edits.append((last, last, ("," if spans else "") + _json_text(key) + ":" + _json_text(value)))
+            continue
+        span = spans[key]
+        start, end = span[:2]
+        if len(path) > 1:  # one entry of a list that kept its length
+            if len(span) < 3 or not isinstance(value, list):
+                return None
+            entries = span[2]
+            if len(entries) != len(value) or not 0 <= path[1] < len(entries):
+                return None
+            start, end = entries[path[1]]
+            value = value[path[1]]
+        edits.append((start, end, _json_text(value)))
+    pieces, pos = [], 0
+    for start, end, new in sorted(edits, key=lambda edit: edit[0]):
+        if start < pos:  # a whole value and an entry of it both named: nothing to gain
+            return None
+        pieces += (text[pos:start], new)
+        pos = end
+    pieces.append(text[pos:])
+    return "".join(pieces).encode("utf-8")
 
 
 def _json_response(status, obj, headers=()):
@@ -10047,7 +10149,8 @@ class App:
         trace.exchange = exchange
         sent_model = payload.get("model", "")
         upstream_model = route.upstream_model or model
-        if upstream_model != sent_model:
+        renamed = upstream_model != sent_model
+        if renamed:
             payload["model"] = upstream_model
         for rewrite in self.rewriters:
             rewrite(exchange)
@@ -10058,7 +10161,10 @@ class App:
         body = request.body
         if exchange.changed:
             body = _json_bytes(payload)
-        elif upstream_model != sent_model:
+        elif exchange.edits:
+            paths = exchange.edits + [("model",)] if renamed else exchange.edits
+            body = _with_edits(body, payload, paths) or _json_bytes(payload)
+        elif renamed:
             body = _with_model(body, sent_model, upstream_model) or _json_bytes(payload)
         url = _upstream_url(provider, path, request.query)
         sent = self.clock()

@@ -19,6 +19,9 @@ Sides:
                              body costs (retrieval injection; a model rename before
                              commit cbe4a73)
   replace model in place     _with_model: a model rename now
+  splice injected turn       _with_edits: retrieval injection since it names what it
+                             changed (2 KB of context before the last user turn;
+                             before that commit, injection cost "serialize again")
 """
 
 from __future__ import annotations
@@ -82,6 +85,13 @@ def measure(rp, size, repeat):
         if renamed is None or json.loads(renamed) != dict(payload, model="qwen2.5-coder:32b"):
             raise SystemExit("replace model in place gave a different payload")
         sides["replace model in place"] = lambda: with_model(body, model, "qwen2.5-coder:32b")
+    with_edits = getattr(rp, "_with_edits", None)
+    if with_edits is not None:
+        injected = rp._json_object_of(body)
+        paths = rp.inject("messages", injected, "Reference material.\n" + "x " * 1000, "before_last_user")
+        if json.loads(with_edits(body, injected, paths)) != injected:
+            raise SystemExit("splice injected turn gave a different payload")
+        sides["splice injected turn"] = lambda: with_edits(body, injected, paths)
     return len(body), {name: round(median_us(fn, repeat), 1) for name, fn in sides.items()}
 
 

@@ -164,7 +164,8 @@ def test_request_body_measures_every_side_on_a_body_of_the_size_asked():
     (report,) = last_json(proc.stdout)
     ((size, sides),) = report["sizes"].items()
     assert 20000 <= int(size) < 30000
-    assert set(sides) == {"json.loads", "parse (every call)", "serialize again", "replace model in place"}
+    assert set(sides) == {"json.loads", "parse (every call)", "serialize again", "replace model in place",
+                          "splice injected turn"}
     assert all(us > 0 for us in sides.values())
 
 

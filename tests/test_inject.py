@@ -488,7 +488,7 @@ def test_new_message_goes_right_before_the_human_turn():
 ])
 def test_no_human_turn_means_no_injection(mode, endpoint, body):
     before = copy.deepcopy(body)
-    assert ragproxy.inject(endpoint, body, "CTX", mode) is False
+    assert ragproxy.inject(endpoint, body, "CTX", mode) == ()
     assert body == before
 
 
@@ -499,9 +499,55 @@ def test_unknown_roles_fields_and_bad_arguments():
     assert body["messages"][:2] == [{"role": "system", "content": "inline system"},
                                     {"role": "critic", "content": "meh"}]
     assert body["system"] == "CTX" and body["x_top"] == [1] and body["messages"][2]["x_custom"] == {"keep": 1}
-    assert ragproxy.inject("chat", {"messages": [{"role": "user", "content": "q"}]}, "") is False
+    assert ragproxy.inject("chat", {"messages": [{"role": "user", "content": "q"}]}, "") == ()
     with pytest.raises(ValueError, match="inject mode"):
         ragproxy.inject("chat", {"messages": [{"role": "user", "content": "q"}]}, "CTX", "prepend")
+
+
+# -- the paths inject reports ---------------------------------------------------
+
+def spaced(payload):
+    """The payload as a client might write it: spaced, with each top-level value and each
+    entry of a top-level list on its own, so the test can find them in a spliced body."""
+    def value(v):
+        if isinstance(v, list):
+            return "[ " + " , ".join(json.dumps(item, indent=1) for item in v) + " ]"
+        return json.dumps(v, indent=1)
+    return ("{\n " + ",\n ".join(f"{json.dumps(k)} : {value(v)}" for k, v in payload.items()) + "\n}").encode()
+
+
+PATH_CASES = [(endpoint, build(rounds)) for endpoint, (build, _) in LOOPS.items() for rounds in (0, 2)] + [
+    ("chat", aider_request()),
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "q"}]}),  # no system message yet
+    ("messages", {"model": "m", "messages": [{"role": "user", "content": "q"}]}),  # no system field yet
+    ("messages", {"model": "m", "system": "be brief", "messages": [{"role": "user", "content": "q"}]}),
+    ("responses", {"model": "m", "input": "Summarise README.md", "instructions": "terse"}),
+    ("ollama_generate", {"model": "m", "prompt": "why", "system": "sys"}),
+    ("ollama_generate", {"model": "m", "prompt": "why"}),
+]
+
+
+@pytest.mark.parametrize("mode", ragproxy.INJECT_MODES)
+@pytest.mark.parametrize("endpoint,body", PATH_CASES)
+def test_inject_names_every_path_it_changed(endpoint, body, mode):
+    """Re-encoding only the reported paths gives the injected payload, and every other
+    top-level value and list entry keeps the client's bytes."""
+    raw = spaced(body)
+    payload = ragproxy._json_object_of(raw)
+    paths = ragproxy.inject(endpoint, payload, CONTEXT, mode)
+    assert paths
+    sent = ragproxy._with_edits(raw, payload, paths)
+    assert json.loads(sent) == payload
+    for key, value in body.items():
+        if (key,) in paths:
+            continue
+        if not isinstance(value, list):
+            assert json.dumps(value, indent=1).encode() in sent, key
+            continue
+        edited = {path[1] for path in paths if path[0] == key}
+        assert len(payload[key]) == len(value)
+        kept = [json.dumps(item, indent=1).encode() in sent for item in value]
+        assert kept == [i not in edited for i in range(len(value))], key
 
 
 # -- the agent-loop invariant ---------------------------------------------------

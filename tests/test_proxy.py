@@ -109,6 +109,31 @@ def test_with_model_replaces_only_a_leading_model_of_the_parsed_value():
     assert ragproxy._with_model(b'{"model" "a"}', "a", "c") is None
 
 
+def test_with_edits_re_encodes_only_the_paths_named():
+    body = b' { "model" : "a", "messages" : [ {"n": 1.50} , {"n": 2} ], "x": 1e400 } '
+    payload = ragproxy._json_object_of(body)
+    payload["messages"][1]["n"] = 3
+    assert ragproxy._with_edits(body, payload, [("messages", 1)]) == \
+        b' { "model" : "a", "messages" : [ {"n": 1.50} , {"n":3} ], "x": 1e400 } '
+    payload["model"], payload["system"], payload["tools"] = "b", "s\u00e9", []
+    assert ragproxy._with_edits(body, payload, [("system",), ("model",), ("messages", 1), ("tools",)]) == \
+        ' { "model" : "b", "messages" : [ {"n": 1.50} , {"n":3} ], "x": 1e400,"system":"s\u00e9","tools":[] } '.encode()
+    assert ragproxy._with_edits(b'{}', {"system": "s"}, [("system",)]) == b'{"system":"s"}'
+
+
+@pytest.mark.parametrize("body,payload,paths", [
+    (b'{"system":"a","system":"b"}', {"system": "c"}, [("system",)]),  # which "system" the parser kept is a guess
+    (b'{"messages":[1,2]}', {"messages": [0, 1, 2]}, [("messages", 0)]),  # the list changed length
+    (b'{"messages":[1,2]}', {"messages": [1, 3]}, [("messages", 2)]),  # no such entry
+    (b'{"messages":{"a":1}}', {"messages": {"a": 2}}, [("messages", 0)]),  # not a list
+    (b'{"messages":[1,2]}', {"messages": [1, 3]}, [("messages",), ("messages", 1)]),  # overlapping paths
+    (b'{"messages":[1]}', {"messages": [1], "new": [1]}, [("new", 0)]),  # an entry of a new member
+    (b'{"messages":[1]}', {}, [("messages",)]),  # a member the rewriter removed
+])
+def test_with_edits_declines_what_it_cannot_place(body, payload, paths):
+    assert ragproxy._with_edits(body, payload, paths) is None
+
+
 def test_glob_routes_and_catch_all(proxy, fake):
     app = proxy.app
     assert app.resolve_route("claude-test-model").upstream == ("an",)
@@ -350,3 +375,16 @@ def test_rewriters_can_change_the_request_and_add_headers(proxy, openai_client, 
     assert raw.headers["x-ragproxy-sources"] == "doc#1"
     assert fake.last.json["messages"][0] == {"role": "system", "content": "CONTEXT-123"}
     assert int(fake.last.headers["content-length"]) == len(fake.last.body)
+
+
+def test_rewriters_that_name_their_edits_leave_the_rest_of_the_body_as_sent(proxy, fake):
+    def add_system(exchange):
+        exchange.payload["system"] = "CONTEXT-456"
+        exchange.edits.append(("system",))
+
+    proxy.app.rewriters.append(add_system)
+    body = b'{"model":"gpt-renamed", "messages": [{"role":"user","content":"q"}], "temperature": 1.50}'
+    assert _post_raw(proxy, "/v1/chat/completions", body) == 200
+    assert fake.last.body == \
+        b'{"model":"real-model-name", "messages": [{"role":"user","content":"q"}], "temperature": 1.50' \
+        b',"system":"CONTEXT-456"}'

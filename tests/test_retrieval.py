@@ -11,6 +11,7 @@ import anthropic
 import openai
 import pytest
 
+import ragproxy
 from conftest import API_KEY, proxy_config
 
 SECRET = "the purple elephant sings at midnight"
@@ -115,6 +116,25 @@ def test_responses_and_ollama_get_the_passage(rag_proxy, fake):
         assert json.loads(r.read())["message"]["content"] == "FOUND: " + OTHER
 
 
+def test_injection_leaves_every_other_byte_of_the_body_as_sent(rag_proxy, fake):
+    """Only the turn that gets the passage is encoded again; the client's spacing, number
+    forms and escapes elsewhere (what a provider's prompt cache keys on) reach the upstream."""
+    head = (b'{"model": "llama3", "max_tokens": 64, "temperature": 1.50,\n "system": [{"type": "text", '
+            b'"text": "caf\\u00e9"}],\n "messages": [{"role": "user", "content": "hi"}, '
+            b'{"role": "assistant", "content": [{"type": "text", "text": "1e400"}]}, ')
+    turn = b'{"role": "user", "content": "what does the purple elephant do?"}'
+    tail = b'],\n "metadata": {"user_id": "u-1"}}'
+    req = urllib.request.Request(rag_proxy.url + "/v1/messages", method="POST", data=head + turn + tail,
+                                 headers={"x-api-key": API_KEY, "anthropic-version": "2023-06-01"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert SECRET in r.read().decode()
+    sent = fake.last.body
+    assert sent.startswith(head) and sent.endswith(tail)
+    injected = json.loads(sent[len(head):-len(tail)])
+    assert injected["role"] == "user" and injected["content"].endswith("what does the purple elephant do?")
+    assert SECRET in injected["content"]
+
+
 def test_kb_header_off_and_model_suffix(rag_proxy, fake):
     client = _openai(rag_proxy)
     off = client.chat.completions.create(model="llama3", messages=[{"role": "user", "content": "purple elephant?"}],
@@ -161,10 +181,10 @@ def test_agent_loop_prefixes_are_byte_identical(rag_proxy, fake, data_dir):
                                {"role": "tool", "tool_call_id": call.id, "content": f"file contents {round_}"}]
         client.chat.completions.create(model="llama3", messages=messages, tools=tools)
         bodies.append(fake.last.body)
-    sent = [json.loads(b)["messages"] for b in bodies]
-    for earlier, later in zip(sent, sent[1:]):
-        prefix = json.dumps(earlier)[:-1]  # the list without its closing bracket
-        assert json.dumps(later[:len(earlier)])[:-1] == prefix
+    for earlier, later in zip(bodies, bodies[1:]):
+        members, _ = ragproxy._json_members(earlier.decode(), 0)
+        close = members["messages"][1] - 1  # the earlier message list's closing bracket
+        assert later.startswith(earlier[:close])  # every byte before it, the injected turn included
     # A new human turn retrieves afresh and sees the edit.
     fresh = client.chat.completions.create(model="llama3", messages=messages + [
         {"role": "assistant", "content": "done"},
