@@ -8782,7 +8782,7 @@ class Retriever:
                 self.turns.put(key, found)
         edits = inject(endpoint, payload, found.text, exchange.route.inject_mode) if found.text else ()
         if edits:
-            exchange.edits.extend(edits)
+            exchange.edits += edits
             exchange.response_headers.append(("X-Ragproxy-Sources", ",".join(found.sources)))
         stages["total"] = clock() - started
         exchange.retrieval.update(sources=found.sources, hits=found.hits, ms=stages["total"] * 1000.0,
@@ -9736,7 +9736,12 @@ class StreamResponse:
 
 @dataclasses.dataclass
 class Exchange:
-    """One proxied call while it is being prepared: what rewriters see and change."""
+    """One proxied call while it is being prepared: what rewriters see and change.
+
+    A rewriter that changes ``payload`` says where, adding to ``edits`` the
+    paths as inject returns them, and only those values are encoded again.
+    One that sets ``changed`` instead has the whole payload encoded again.
+    """
 
     request: Request
     endpoint: Endpoint
@@ -9744,8 +9749,8 @@ class Exchange:
     route: ModelRoute
     provider: Provider
     model: str
-    changed: bool = False      # a rewriter changed the payload without saying where: all of it is encoded again
-    edits: list = dataclasses.field(default_factory=list)  # or the paths it changed (see inject): only they are
+    changed: bool = False
+    edits: tuple = ()
     response_headers: list = dataclasses.field(default_factory=list)
     kb_override: list = None   # from a "model+kb1+kb2" name
     retrieval: dict = None     # what retrieval did, for the request log
@@ -10162,7 +10167,7 @@ class App:
         if exchange.changed:
             body = _json_bytes(payload)
         elif exchange.edits:
-            paths = exchange.edits + [("model",)] if renamed else exchange.edits
+            paths = exchange.edits + (("model",),) if renamed else exchange.edits
             body = _with_edits(body, payload, paths) or _json_bytes(payload)
         elif renamed:
             body = _with_model(body, sent_model, upstream_model) or _json_bytes(payload)

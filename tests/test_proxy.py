@@ -380,7 +380,7 @@ def test_rewriters_can_change_the_request_and_add_headers(proxy, openai_client, 
 def test_rewriters_that_name_their_edits_leave_the_rest_of_the_body_as_sent(proxy, fake):
     def add_system(exchange):
         exchange.payload["system"] = "CONTEXT-456"
-        exchange.edits.append(("system",))
+        exchange.edits += (("system",),)
 
     proxy.app.rewriters.append(add_system)
     body = b'{"model":"gpt-renamed", "messages": [{"role":"user","content":"q"}], "temperature": 1.50}'
