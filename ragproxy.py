@@ -1006,6 +1006,14 @@ providers:
       api_key: ""
       connect_timeout: 10
       read_timeout: 600
+    # A company gateway over https whose certificate comes from its own
+    # authority: trust that authority's PEM file (tls_verify: false would
+    # switch every check off).
+    # gateway:
+    #   type: openai
+    #   base_url: https://llm.corp.example/v1
+    #   api_key: ${GATEWAY_KEY}
+    #   ca_file: /etc/pki/tls/certs/corp-ca.pem
   embedding: {}
   rerank: {}
 
@@ -1090,6 +1098,8 @@ _PROVIDER_SCHEMA = {
     "headers": _Field("map_str", {}),
     "model": _Field("str", ""),  # embedding / rerank providers: the model to ask for
     "pass_client_key": _Field("bool", False),
+    "ca_file": _Field("file", ""),   # https: the certificate authorities to trust instead of the system's
+    "tls_verify": _Field("bool", True),
     **_HTTP_TIMEOUT_FIELDS,
 }
 
@@ -1255,6 +1265,12 @@ def _check_field(value, field, path, positions, errors):
     elif kind == "bool":
         if not isinstance(value, bool):
             return bad(f"expected true or false, got {value!r}")
+    elif kind == "file":
+        if not isinstance(value, str):
+            return bad(f"expected a file path, got {type(value).__name__}")
+        value = os.path.expanduser(value)
+        if value and not os.path.isfile(value):
+            return bad(f"no such file: {value}")
     elif kind == "str_list":
         if isinstance(value, str):
             value = [value]
@@ -1358,10 +1374,17 @@ class Provider:
     headers: tuple = ()
     model: str = ""
     pass_client_key: bool = False
+    ca_file: str = ""
+    tls_verify: bool = True
     connect_timeout: float = 10.0
     read_timeout: float = 600.0
     batch_size: int = 64       # embedding providers: texts per request
     max_concurrency: int = 2   # embedding providers: requests in flight
+
+    @property
+    def tls(self):
+        """``(ca_file, verify)``: how the upstream client checks an https base_url."""
+        return self.ca_file, self.tls_verify
 
 
 _PROVIDER_FIELDS = frozenset(f.name for f in dataclasses.fields(Provider)) - {"name", "headers"}
@@ -1746,25 +1769,45 @@ class _IdleConnections:
             _close_quietly(conn)
 
 
+_SYSTEM_TLS = ("", True)  # (ca_file, verify): the system's certificate authorities, checked
+
+
+def _ssl_context(ca_file, verify):
+    """TLS settings for an https upstream: the system's certificate authorities or only
+    ``ca_file``'s; without ``verify``, no checks at all (a self-signed test gateway)."""
+    context = ssl.create_default_context(cafile=ca_file or None)
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _tls_hint(exc):
+    """What to add to the message of an error that may be a refused certificate."""
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return " (a gateway whose certificate comes from its own authority needs ca_file on its provider)"
+    return ""
+
+
 class _HTTPClientPool:
     """Keep-alive pool over ``http.client`` for when urllib3 is not available."""
 
     def __init__(self, maxsize=32):
         self._idle = _IdleConnections(maxsize)
 
-    def _new_connection(self, scheme, host, port, connect_timeout):
+    def _new_connection(self, scheme, host, port, tls, connect_timeout):
         if scheme == "https":
-            conn = http.client.HTTPSConnection(host, port, timeout=connect_timeout,
-                                               context=ssl.create_default_context())
+            # A context per connection, as urllib3 makes one: a renewed ca_file is read on the next connection.
+            conn = http.client.HTTPSConnection(host, port, timeout=connect_timeout, context=_ssl_context(*tls))
         else:
             conn = http.client.HTTPConnection(host, port, timeout=connect_timeout)
         conn.connect()
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
 
-    def request(self, method, url, headers, body, connect_timeout, read_timeout):
+    def request(self, method, url, headers, body, connect_timeout, read_timeout, tls=_SYSTEM_TLS):
         parts = urllib.parse.urlsplit(url)
-        key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+        key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), tls)
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
@@ -1775,7 +1818,8 @@ class _HTTPClientPool:
                 try:
                     conn = self._new_connection(*key, connect_timeout)
                 except OSError as exc:
-                    raise UpstreamError("unreachable", f"cannot connect to {key[1]}:{key[2]}: {exc}") from None
+                    raise UpstreamError("unreachable", f"cannot connect to {key[1]}:{key[2]}: "
+                                                       f"{exc}{_tls_hint(exc)}") from None
             try:
                 conn.sock.settimeout(read_timeout)
                 conn.request(method, target, body=body, headers=headers)
@@ -1861,7 +1905,8 @@ class _SocketPool:
             self._targets[url] = found
         return found
 
-    def request(self, method, url, headers, body, connect_timeout, read_timeout):
+    def request(self, method, url, headers, body, connect_timeout, read_timeout, tls=None):
+        """Send one request; ``tls`` is unused (plain http), there for the common interface."""
         key, target, netloc = self._target(url)
         host, port = key
         lines = [f"{method} {target} HTTP/1.1"]
@@ -2225,17 +2270,23 @@ class _Urllib3Pool:
     def __init__(self, maxsize=32):
         self._pm = _urllib3.PoolManager(num_pools=16, maxsize=maxsize, block=False, retries=False)
 
-    def request(self, method, url, headers, body, connect_timeout, read_timeout):
+    def request(self, method, url, headers, body, connect_timeout, read_timeout, tls=_SYSTEM_TLS):
         exc_mod = _urllib3.exceptions
+        ca_file, verify = tls
+        # Each (ca_file, verify) gets pools of its own; urllib3 reads ca_file per new connection.
+        settings = {"cert_reqs": "CERT_REQUIRED" if verify else "CERT_NONE", "ca_certs": ca_file or None,
+                    "assert_hostname": None if verify else False}
         try:
-            resp = self._pm.urlopen(
-                method, url, body=body, headers=headers, redirect=False, retries=False,
+            pool = self._pm.connection_from_url(url, pool_kwargs=settings)
+            resp = pool.urlopen(
+                method, _urllib3.util.parse_url(url).request_uri, body=body, headers=headers,
+                redirect=False, retries=False, assert_same_host=False,
                 timeout=_urllib3.Timeout(connect=connect_timeout, read=read_timeout),
                 preload_content=False, decode_content=False)
         except exc_mod.ReadTimeoutError as exc:
             raise UpstreamError("timeout", f"upstream did not answer in {read_timeout:g} s: {exc}") from None
         except exc_mod.HTTPError as exc:
-            raise UpstreamError("unreachable", f"cannot reach {url}: {exc}") from None
+            raise UpstreamError("unreachable", f"cannot reach {url}: {exc}{_tls_hint(exc)}") from None
 
         def abort():
             _close_quietly(getattr(resp, "connection", None))
@@ -2265,9 +2316,10 @@ class _SchemePool:
         self._plain = _SocketPool(maxsize)
         self._tls = _Urllib3Pool(maxsize) if _urllib3 is not None else _HTTPClientPool(maxsize)
 
-    def request(self, method, url, headers, body, connect_timeout, read_timeout):
+    def request(self, method, url, headers, body, connect_timeout, read_timeout, tls=_SYSTEM_TLS):
+        """Send one request; an https ``url`` is checked as ``tls`` (ca_file, verify) says."""
         pool = self._tls if url[:6].lower() == "https:" else self._plain
-        return pool.request(method, url, headers, body, connect_timeout, read_timeout)
+        return pool.request(method, url, headers, body, connect_timeout, read_timeout, tls)
 
     def close(self):
         self._plain.close()
@@ -6616,7 +6668,7 @@ def _post_json(pool, provider, url, payload, limit):
     """(status, response headers object, body bytes); raises UpstreamError."""
     body = _service_json_bytes(payload)
     resp = pool.request("POST", url, _service_headers(provider, len(body)), body,
-                        provider.connect_timeout, provider.read_timeout)
+                        provider.connect_timeout, provider.read_timeout, provider.tls)
     try:
         return resp.status, resp, resp.read_all(limit)
     finally:
@@ -10226,7 +10278,8 @@ class App:
                 headers["content-type"] = content_type
             else:
                 headers.setdefault("content-type", "application/json")
-        return self.http.request(method, url, headers, body, provider.connect_timeout, provider.read_timeout)
+        return self.http.request(method, url, headers, body, provider.connect_timeout, provider.read_timeout,
+                                 provider.tls)
 
     def _send(self, request, dialect, provider, method, url, body, extra_headers):
         upstream = self.open_upstream(request, provider, method, url, body)
@@ -10286,7 +10339,7 @@ class App:
             url, key = _upstream_url(provider, "/v1/models", ""), "data"
         resp = self.http.request("GET", url, self.upstream_headers(Request("GET", "/"), provider), None,
                                  min(provider.connect_timeout, connect_timeout),
-                                 min(provider.read_timeout, read_timeout))
+                                 min(provider.read_timeout, read_timeout), provider.tls)
         body = resp.read_all(16 * 1024 * 1024)
         try:
             items = json.loads(body).get(key) or []

@@ -7,6 +7,7 @@ stdlib fallbacks.
 import math
 import os
 import random
+import ssl
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ import ragproxy  # noqa: E402
 from fake_upstream import FakeUpstream  # noqa: E402
 
 API_KEY = "rp-test-key-0001"
+TLS_DIR = os.path.join(HERE, "data", "tls")  # test-only certificates; data/tls/make.sh made them
 
 
 def logged_rows(app, count, timeout=5.0):
@@ -56,6 +58,16 @@ def send_slowly(sock, data):
 @pytest.fixture
 def fake():
     with FakeUpstream() as upstream:
+        yield upstream
+        assert upstream.errors == [], "the fake upstream itself failed"
+
+
+@pytest.fixture
+def gateway():
+    """The fake upstream over https, with a certificate for 127.0.0.1 from the test CA (ca.pem)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(os.path.join(TLS_DIR, "server.pem"), os.path.join(TLS_DIR, "server.key"))
+    with FakeUpstream(tls=context) as upstream:
         yield upstream
         assert upstream.errors == [], "the fake upstream itself failed"
 

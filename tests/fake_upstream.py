@@ -981,9 +981,10 @@ class FakeUpstream:
       hang_limit                  a hung reply gives up after this many seconds (60)
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, tls=None):
         self.host = host
         self.port = port
+        self.tls = tls  # an ssl.SSLContext: serve https with it
         self.reply_fn = self.default_reply
         self.secrets = []
         self.models = ["fake-model", "claude-fake-model"]
@@ -1014,6 +1015,8 @@ class FakeUpstream:
         self._closing.clear()
         self._server = _Server((self.host, self.port), _Handler)
         self._server.fake = self
+        if self.tls is not None:  # the handshake happens in accept(); a refused one only drops that client
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.01},
                                         name="FakeUpstream:%d" % self.port, daemon=True)
@@ -1047,7 +1050,7 @@ class FakeUpstream:
         if self._server is None:
             raise RuntimeError("FakeUpstream is not started")
         host = "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
-        return "http://%s:%d" % (host, self.port)
+        return "%s://%s:%d" % ("https" if self.tls else "http", host, self.port)
 
     # -- what it received
 

@@ -27,7 +27,7 @@ else:
 
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
-from conftest import API_KEY  # noqa: E402
+from conftest import API_KEY, TLS_DIR  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -190,7 +190,7 @@ def test_keyboard_only(panel):
     expect(panel.tid("add-provider-llm")).to_be_focused()
 
 
-def test_providers_and_model_mappings(panel, fake):
+def test_providers_and_model_mappings(panel, fake, gateway):
     page, proxy = panel.page, panel.proxy
     panel.login()
     panel.nav("providers", "providers-llm")
@@ -240,6 +240,31 @@ def test_providers_and_model_mappings(panel, fake):
     expect(page.get_by_role("alert").filter(has_text="models[")).to_contain_text("oa")
     expect(panel.tid("provider-row-llm-oa")).to_be_visible()
     assert "upstream-openai-key" in pathlib.Path(proxy.config_path).read_text()
+
+    # An https gateway whose certificate comes from its own authority: the CA file makes
+    # its test pass; a path that is not there is refused with the config's own words.
+    panel.tid("add-provider-llm").click()
+    dialog = panel.tid("provider-dialog")
+    dialog.locator("input[name=name]").fill("gw")
+    dialog.locator("select[name=type]").select_option("openai")
+    dialog.locator("input[name=base_url]").fill(gateway.url + "/v1")
+    dialog.locator("input[name=ca_file]").fill(os.path.join(TLS_DIR, "ca.pem"))
+    expect(dialog.locator("input[name=tls_verify]")).to_be_checked()
+    dialog.get_by_test_id("dialog-submit").click()
+    expect(dialog).to_have_count(0)
+    gw = panel.tid("provider-row-llm-gw")
+    gw.get_by_test_id("provider-test").click()
+    expect(gw.get_by_test_id("provider-test-result")).to_contain_text("OK")
+    assert f'ca_file: "{os.path.join(TLS_DIR, "ca.pem")}"' in pathlib.Path(proxy.config_path).read_text()
+    gw.get_by_test_id("provider-edit").click()
+    dialog = panel.tid("provider-dialog")
+    dialog.locator("input[name=ca_file]").fill("/no/such/ca.pem")
+    dialog.get_by_test_id("dialog-submit").click()
+    expect(page.get_by_role("alert").filter(has_text="ca_file")).to_contain_text("no such file")
+    dialog.get_by_test_id("dialog-cancel").click()
+    gw.get_by_test_id("provider-delete").click()
+    panel.tid("confirm-dialog").get_by_test_id("dialog-submit").click()
+    expect(panel.tid("provider-row-llm-gw")).to_have_count(0)
 
     # Model mappings: create one, see it in order before "*", delete it.
     panel.nav("models", "models-table")

@@ -2,16 +2,20 @@
 
 Every case runs on each pool the proxy may use for a plain-HTTP upstream: our
 own socket client (the default) and the http.client fallback (which serves
-HTTPS when urllib3 is absent), so both keep the same contract.
+HTTPS when urllib3 is absent), so both keep the same contract.  The https
+cases at the end run the proxy against a TLS fake upstream through urllib3 and
+through http.client.
 """
+import pathlib
 import socket
 import threading
 import time
 
+import openai
 import pytest
 
 import ragproxy
-from conftest import send_slowly
+from conftest import API_KEY, TLS_DIR, send_slowly
 
 
 class ScriptedServer:
@@ -378,3 +382,78 @@ def test_malformed_response_heads_are_refused_however_they_arrive(serve, trickle
             assert err.value.kind == "unreachable"
     finally:
         pool.close()
+
+
+# -- https upstreams (a company gateway) ---------------------------------------------
+
+TLS = pathlib.Path(TLS_DIR)
+
+
+@pytest.fixture(params=["urllib3", "http.client"])
+def tls_library(request, monkeypatch):
+    """Run a test on each client the proxy may use for https."""
+    if request.param == "urllib3" and ragproxy._urllib3 is None:
+        pytest.skip("urllib3 disabled (RAGPROXY_PURE=1 or not installed)")
+    if request.param == "http.client":
+        monkeypatch.setattr(ragproxy, "_urllib3", None)  # read when the app makes its pool
+    return request.param
+
+
+def gateway_config(url, tls_fields=""):
+    return f"""
+api_keys: [{API_KEY}]
+providers:
+  llm:
+    gateway: {{type: openai, base_url: "{url}/v1", api_key: gateway-key, read_timeout: 5{tls_fields}}}
+models:
+  - {{name: "*", upstream: gateway}}
+"""
+
+
+def test_https_gateway_with_its_own_certificate_authority(tls_library, gateway, make_proxy):
+    proxy = make_proxy(gateway_config(gateway.url, f', ca_file: "{TLS / "ca.pem"}"'))
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0)
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "over tls"}])
+    assert reply.choices[0].message.content == "ECHO: over tls"
+    chunks = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "streamed tls"}],
+                                            stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "ECHO: streamed tls"
+    vectors = client.embeddings.create(model="m", input=["a", "b"])  # a pass-through path
+    assert len(vectors.data) == 2
+    assert [r.headers["authorization"] for r in gateway.requests] == ["Bearer gateway-key"] * 3
+    assert gateway.connections_opened == 1  # one TLS connection, kept alive
+
+
+def test_https_gateway_certificate_refused_without_ca_file(tls_library, gateway, make_proxy):
+    proxy = make_proxy(gateway_config(gateway.url))
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.InternalServerError) as info:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 502
+    message = info.value.body["message"]
+    assert "CERTIFICATE_VERIFY_FAILED" in message and "ca_file" in message
+    assert gateway.requests == []
+
+
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
+def test_https_gateway_with_checks_off(tls_library, gateway, make_proxy):
+    proxy = make_proxy(gateway_config(gateway.url, ", tls_verify: false"))
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0)
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "unchecked"}])
+    assert reply.choices[0].message.content == "ECHO: unchecked"
+
+
+def test_embedding_provider_over_https(gateway):
+    provider = ragproxy.Provider(name="emb", type="openai", base_url=gateway.url + "/v1", model="fake-embed",
+                                 ca_file=str(TLS / "ca.pem"), connect_timeout=2.0, read_timeout=5.0)
+    pool = ragproxy.make_http_pool()
+    try:
+        assert len(ragproxy.EmbeddingClient(provider, pool).embed(["one", "two"])) == 2
+    finally:
+        pool.close()
+
+
+def test_ca_file_must_exist(tmp_path):
+    with pytest.raises(ragproxy.ConfigError) as info:
+        ragproxy.Config.from_text(gateway_config("https://gw.example", f', ca_file: "{tmp_path / "none.pem"}"'))
+    assert "providers.llm.gateway.ca_file" in str(info.value) and "no such file" in str(info.value)
