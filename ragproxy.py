@@ -12699,9 +12699,14 @@ class ConfigWatcher:
 
 def _describe_models(config):
     llm = config.providers["llm"]
+
+    def describe(provider):
+        unchecked = provider.base_url.startswith("https:") and not provider.tls_verify
+        return f"{provider.name} {provider.base_url}" + (" (certificate not checked)" if unchecked else "")
+
     parts = []
     for route in config.models:
-        ups = ", ".join(f"{name} {llm[name].base_url}" for name in route.upstream)
+        ups = ", ".join(describe(llm[name]) for name in route.upstream)
         kbs = f" with kb {'+'.join(route.kb)}" if route.kb else ""
         parts.append(f"{route.name} -> {ups}{kbs}")
     return "; ".join(parts) or "no models"

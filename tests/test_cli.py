@@ -185,6 +185,22 @@ def test_env_port_and_cli_precedence(tmp_path):
     assert p.returncode == 2 and "RAGPROXY_PORT" in p.stderr
 
 
+def test_startup_line_says_which_certificates_go_unchecked(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"api_keys: [{API_KEY}]\nproviders:\n  llm:\n"
+                   "    lab: {type: openai, base_url: 'https://gw.lab:8443/v1', tls_verify: false}\n"
+                   "    corp: {type: openai, base_url: 'https://gw.corp/v1'}\n"
+                   "models:\n  - {name: 'lab-*', upstream: lab}\n  - {name: '*', upstream: corp}\n")
+    proc = Proc([sys.executable, SCRIPT, "--data-dir", str(tmp_path / "d"), "--config", str(cfg), "--port", "0"],
+                _env(False))
+    try:
+        line = proc.log[-1]
+        assert "lab https://gw.lab:8443/v1 (certificate not checked)" in line
+        assert "* -> corp https://gw.corp/v1);" in line  # checked, as by default
+    finally:
+        proc.stop()
+
+
 def test_missing_explicit_config_is_an_error(tmp_path):
     p = subprocess.run([sys.executable, SCRIPT, "--data-dir", str(tmp_path), "--config", str(tmp_path / "no.yaml")],
                        stderr=subprocess.PIPE, universal_newlines=True, env=_env(False), timeout=20)
