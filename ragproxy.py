@@ -1269,6 +1269,8 @@ def _check_field(value, field, path, positions, errors):
         if not isinstance(value, str):
             return bad(f"expected a file path, got {type(value).__name__}")
         value = os.path.expanduser(value)
+        if value and not os.path.isabs(value):  # ragproxy's working directory is nobody's intent
+            return bad(f"expected an absolute path, got {value!r}")
         if value and not os.path.isfile(value):
             return bad(f"no such file: {value}")
     elif kind == "str_list":

@@ -453,7 +453,8 @@ def test_embedding_provider_over_https(gateway):
         pool.close()
 
 
-def test_ca_file_must_exist(tmp_path):
+@pytest.mark.parametrize("path,error", [("/no/such/ca.pem", "no such file"), ("certs/ca.pem", "absolute path")])
+def test_ca_file_is_an_absolute_path_to_a_file(path, error):
     with pytest.raises(ragproxy.ConfigError) as info:
-        ragproxy.Config.from_text(gateway_config("https://gw.example", f', ca_file: "{tmp_path / "none.pem"}"'))
-    assert "providers.llm.gateway.ca_file" in str(info.value) and "no such file" in str(info.value)
+        ragproxy.Config.from_text(gateway_config("https://gw.example", f', ca_file: "{path}"'))
+    assert "providers.llm.gateway.ca_file" in str(info.value) and error in str(info.value)
