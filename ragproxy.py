@@ -1008,7 +1008,8 @@ providers:
       read_timeout: 600
     # A company gateway over https whose certificate comes from its own
     # authority: trust that authority's PEM file (tls_verify: false would
-    # switch every check off).
+    # switch every check off).  client_cert and client_key answer a gateway
+    # that asks for a client certificate.
     # gateway:
     #   type: openai
     #   base_url: https://llm.corp.example/v1
@@ -1100,6 +1101,8 @@ _PROVIDER_SCHEMA = {
     "pass_client_key": _Field("bool", False),
     "ca_file": _Field("file", ""),   # https: the certificate authorities to trust instead of the system's
     "tls_verify": _Field("bool", True),
+    "client_cert": _Field("file", ""),  # https: a certificate (chain) to show a gateway that asks for one
+    "client_key": _Field("file", ""),   # its private key, unless client_cert holds it too
     **_HTTP_TIMEOUT_FIELDS,
 }
 
@@ -1378,6 +1381,8 @@ class Provider:
     pass_client_key: bool = False
     ca_file: str = ""
     tls_verify: bool = True
+    client_cert: str = ""
+    client_key: str = ""
     connect_timeout: float = 10.0
     read_timeout: float = 600.0
     batch_size: int = 64       # embedding providers: texts per request
@@ -1385,8 +1390,9 @@ class Provider:
 
     @property
     def tls(self):
-        """``(ca_file, verify)``: how the upstream client checks an https base_url."""
-        return self.ca_file, self.tls_verify
+        """``(ca_file, verify, client_cert, client_key)``: how the upstream client talks to an
+        https base_url."""
+        return self.ca_file, self.tls_verify, self.client_cert, self.client_key
 
 
 _PROVIDER_FIELDS = frozenset(f.name for f in dataclasses.fields(Provider)) - {"name", "headers"}
@@ -1464,8 +1470,27 @@ class Config:
         return cls.from_text(text, source=path, environ=environ, overrides=overrides)
 
 
+def _check_client_certificate(spec, path, positions, errors):
+    """client_cert and client_key must load as a pair, or every https call would fail."""
+    where = path + ("client_cert",)
+    if not spec.get("client_cert"):
+        if where not in positions:  # else client_cert itself was refused, and said so
+            errors.append((_format_path(where), _line_of(positions, path + ("client_key",)),
+                           "client_key needs client_cert"))
+        return
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(spec["client_cert"], spec.get("client_key") or None)
+    except (ssl.SSLError, OSError) as exc:
+        errors.append((_format_path(where), _line_of(positions, where),
+                       f"cannot load the client certificate{' and key' if spec.get('client_key') else ''}: {exc}"))
+
+
 def _check_semantics(raw, positions, errors):
     """Cross-key rules the schema cannot express."""
+    for kind, providers in raw["providers"].items():
+        for name, spec in providers.items():
+            if isinstance(spec, dict) and (spec.get("client_cert") or spec.get("client_key")):
+                _check_client_certificate(spec, ("providers", kind, name), positions, errors)
     llm = raw["providers"]["llm"]
     names_seen = {}
     for i, model in enumerate(raw["models"]):
@@ -1771,16 +1796,19 @@ class _IdleConnections:
             _close_quietly(conn)
 
 
-_SYSTEM_TLS = ("", True)  # (ca_file, verify): the system's certificate authorities, checked
+_SYSTEM_TLS = ("", True, "", "")  # see Provider.tls: the system's authorities, checked; no client certificate
 
 
-def _ssl_context(ca_file, verify):
+def _ssl_context(ca_file, verify, client_cert, client_key):
     """TLS settings for an https upstream: the system's certificate authorities or only
-    ``ca_file``'s; without ``verify``, no checks at all (a self-signed test gateway)."""
+    ``ca_file``'s; without ``verify``, no checks at all (a self-signed test gateway);
+    ``client_cert`` (and ``client_key``) for a gateway that asks who is calling."""
     context = ssl.create_default_context(cafile=ca_file or None)
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+    if client_cert:
+        context.load_cert_chain(client_cert, client_key or None)
     return context
 
 
@@ -2274,10 +2302,11 @@ class _Urllib3Pool:
 
     def request(self, method, url, headers, body, connect_timeout, read_timeout, tls=_SYSTEM_TLS):
         exc_mod = _urllib3.exceptions
-        ca_file, verify = tls
-        # Each (ca_file, verify) gets pools of its own; urllib3 reads ca_file per new connection.
+        ca_file, verify, client_cert, client_key = tls
+        # Each setting gets pools of its own; urllib3 reads the files again per new connection.
         settings = {"cert_reqs": "CERT_REQUIRED" if verify else "CERT_NONE", "ca_certs": ca_file or None,
-                    "assert_hostname": None if verify else False}
+                    "assert_hostname": None if verify else False,
+                    "cert_file": client_cert or None, "key_file": client_key or None}
         try:
             pool = self._pm.connection_from_url(url, pool_kwargs=settings)
             resp = pool.urlopen(
@@ -2319,7 +2348,7 @@ class _SchemePool:
         self._tls = _Urllib3Pool(maxsize) if _urllib3 is not None else _HTTPClientPool(maxsize)
 
     def request(self, method, url, headers, body, connect_timeout, read_timeout, tls=_SYSTEM_TLS):
-        """Send one request; an https ``url`` is checked as ``tls`` (ca_file, verify) says."""
+        """Send one request; an https ``url`` is spoken to as ``tls`` says (see Provider.tls)."""
         pool = self._tls if url[:6].lower() == "https:" else self._plain
         return pool.request(method, url, headers, body, connect_timeout, read_timeout, tls)
 

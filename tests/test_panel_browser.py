@@ -249,13 +249,17 @@ def test_providers_and_model_mappings(panel, fake, gateway):
     dialog.locator("select[name=type]").select_option("openai")
     dialog.locator("input[name=base_url]").fill(gateway.url + "/v1")
     dialog.locator("input[name=ca_file]").fill(os.path.join(TLS_DIR, "ca.pem"))
+    dialog.locator("input[name=client_cert]").fill(os.path.join(TLS_DIR, "client.pem"))
+    dialog.locator("input[name=client_key]").fill(os.path.join(TLS_DIR, "client.key"))
     expect(dialog.locator("input[name=tls_verify]")).to_be_checked()
     dialog.get_by_test_id("dialog-submit").click()
     expect(dialog).to_have_count(0)
     gw = panel.tid("provider-row-llm-gw")
     gw.get_by_test_id("provider-test").click()
     expect(gw.get_by_test_id("provider-test-result")).to_contain_text("OK")
-    assert f'ca_file: "{os.path.join(TLS_DIR, "ca.pem")}"' in pathlib.Path(proxy.config_path).read_text()
+    written = pathlib.Path(proxy.config_path).read_text()
+    for key, name in (("ca_file", "ca.pem"), ("client_cert", "client.pem"), ("client_key", "client.key")):
+        assert f'{key}: "{os.path.join(TLS_DIR, name)}"' in written
     gw.get_by_test_id("provider-edit").click()
     dialog = panel.tid("provider-dialog")
     dialog.locator("input[name=ca_file]").fill("/no/such/ca.pem")

@@ -8,6 +8,7 @@ through http.client.
 """
 import pathlib
 import socket
+import ssl
 import threading
 import time
 
@@ -16,6 +17,7 @@ import pytest
 
 import ragproxy
 from conftest import API_KEY, TLS_DIR, send_slowly
+from fake_upstream import FakeUpstream
 
 
 class ScriptedServer:
@@ -451,6 +453,43 @@ def test_embedding_provider_over_https(gateway):
         assert len(ragproxy.EmbeddingClient(provider, pool).embed(["one", "two"])) == 2
     finally:
         pool.close()
+
+
+@pytest.fixture
+def mtls_gateway():
+    """A gateway that asks for a client certificate from the test CA."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(TLS / "server.pem"), str(TLS / "server.key"))
+    context.load_verify_locations(str(TLS / "ca.pem"))
+    context.verify_mode = ssl.CERT_REQUIRED
+    with FakeUpstream(tls=context) as upstream:
+        yield upstream
+        assert upstream.errors == [], "the fake upstream itself failed"
+
+
+def test_https_gateway_that_asks_for_a_client_certificate(tls_library, mtls_gateway, make_proxy):
+    trust = f', ca_file: "{TLS / "ca.pem"}"'
+    mine = f', client_cert: "{TLS / "client.pem"}", client_key: "{TLS / "client.key"}"'
+    proxy = make_proxy(gateway_config(mtls_gateway.url, trust + mine))
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0)
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "who am i"}])
+    assert reply.choices[0].message.content == "ECHO: who am i"
+    without = make_proxy(gateway_config(mtls_gateway.url, trust))
+    client = openai.OpenAI(base_url=without.url + "/v1", api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.InternalServerError) as info:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "anonymous"}])
+    assert info.value.status_code == 502
+    assert len(mtls_gateway.requests) == 1  # the refused one never reached it
+
+
+@pytest.mark.parametrize("fields,error", [
+    (f', client_cert: "{TLS / "client.pem"}", client_key: "{TLS / "server.key"}"', "cannot load the client"),
+    (f', client_key: "{TLS / "client.key"}"', "client_key needs client_cert"),
+])
+def test_client_certificate_and_key_must_load_together(fields, error):
+    with pytest.raises(ragproxy.ConfigError) as info:
+        ragproxy.Config.from_text(gateway_config("https://gw.example", fields))
+    assert "providers.llm.gateway.client_cert" in str(info.value) and error in str(info.value)
 
 
 @pytest.mark.parametrize("path,error", [("/no/such/ca.pem", "no such file"), ("certs/ca.pem", "absolute path")])
