@@ -8535,6 +8535,7 @@ class _StreamTracker:
         self.dialect = dialect
         self.sequence = -1
         self.response_id = None
+        self.last = b""  # the last piece relayed (see _hang_up)
 
     @property
     def watches(self):
@@ -9809,12 +9810,17 @@ class Response:
 
 @dataclasses.dataclass
 class StreamResponse:
-    """A response whose body arrives piece by piece; ``close()`` stops the upstream."""
+    """A response whose body arrives piece by piece; ``close()`` stops the upstream.
+
+    ``on_hangup``, when set, is called instead of ``close()`` if the client
+    goes away while the stream is relayed.
+    """
 
     status: int
     headers: list
     chunks: object  # iterator of bytes
     close: object = lambda: None
+    on_hangup: object = None
 
 
 @dataclasses.dataclass
@@ -10323,7 +10329,7 @@ class App:
             tracker = _StreamTracker(dialect)
             sse = not content_type.lower().startswith(("application/x-ndjson", "application/jsonl"))
             return StreamResponse(upstream.status, out_headers, _relay_events(upstream, tracker, sse),
-                                  upstream.close)
+                                  upstream.close, functools.partial(_hang_up, upstream, tracker, sse))
         # Errors included: status and body go back byte for byte, since clients
         # (Claude Code's retry logic among them) read the upstream's wording.
         return Response(upstream.status, out_headers, upstream.read_all(_MAX_UPSTREAM_BODY))
@@ -10450,9 +10456,32 @@ def _relay_events(upstream, tracker, sse):
             if data:
                 if feed is not None:
                     feed(data)
+                tracker.last = data
                 yield data
     except UpstreamError as exc:
         yield tracker.error_event(f"upstream failed mid-stream: {exc}")
+
+
+# The last event of a stream, at a line start (a JSON string cannot hold a raw
+# newline, so a model's text cannot fake one): OpenAI chat, Anthropic and
+# Responses events, and Ollama's NDJSON line that says it is done.
+_FINAL_SSE_EVENT = re.compile(
+    rb"^(?:data: ?\[DONE\]|event: ?(?:message_stop|response\.(?:completed|failed|incomplete)|error))\r?$", re.M)
+_FINAL_NDJSON_LINE = re.compile(rb'"done": ?true')
+
+
+def _hang_up(upstream, tracker, sse):
+    """The client left mid-stream: stop the upstream, so a model stops generating.
+
+    Not when the answer's last event has been relayed already: the OpenAI SDK
+    closes its connection as soon as it reads [DONE], often before the
+    upstream's end of body has arrived.  Dropping the upstream connection then
+    stops nothing and costs the next call a new connection (a TLS handshake
+    to a gateway); left alone, the relay reads the end and pools it.
+    """
+    if (_FINAL_SSE_EVENT if sse else _FINAL_NDJSON_LINE).search(tracker.last):
+        return
+    upstream.close()
 
 
 def _last_event_end(buf, sse):
@@ -12482,7 +12511,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         try:
             send(self._head(response.status, response.headers,
                             "Transfer-Encoding: chunked" if chunked else "Cache-Control: no-cache"))
-            hangups.watch(self.connection, response.close)
+            hangups.watch(self.connection, response.on_hangup or response.close)
             for data in response.chunks:
                 if data:
                     send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)

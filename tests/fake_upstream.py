@@ -896,6 +896,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
             if not self._write(event, chunked=True):
                 return
+        if fake.end_delay and not self._pause(fake.end_delay):
+            return
         self._write(b"", chunked=True)
 
     # -- socket-level behaviour
@@ -975,6 +977,7 @@ class FakeUpstream:
       tool_arguments              dict used for tool calls instead of schema placeholders
       delay                       seconds to wait before answering
       event_delay                 seconds between stream events
+      end_delay                   seconds between a stream's last event and the end of its body
       drop_after_events           close the socket after N stream events (0: before any reply)
       hang_after_events           stop after N stream events (0: before any reply) and wait
                                   for the client to close, counting it in client_disconnects
@@ -992,6 +995,7 @@ class FakeUpstream:
         self.tool_arguments = None
         self.delay = 0.0
         self.event_delay = 0.0
+        self.end_delay = 0.0
         self.drop_after_events = None
         self.hang_after_events = None
         self.hang_limit = 60.0  # so no hung thread outlives a test run
@@ -1111,7 +1115,7 @@ class FakeUpstream:
             self._failures.append(_Failure(status, body, dict(headers or {}), path, count))
 
     def reset_faults(self):
-        self.delay = self.event_delay = 0.0
+        self.delay = self.event_delay = self.end_delay = 0.0
         self.drop_after_events = self.hang_after_events = None
         with self._lock:
             self._failures.clear()

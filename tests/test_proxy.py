@@ -361,6 +361,46 @@ def test_client_disconnect_closes_upstream(proxy, fake):
     assert fake.wait_for_disconnect(timeout=3), "the proxy kept the upstream stream open"
 
 
+@pytest.mark.parametrize("path,body,last", [
+    ("/v1/chat/completions", {"model": "gpt-4o", "stream": True}, b"data: [DONE]"),
+    ("/v1/messages", {"model": "claude-test-model", "stream": True, "max_tokens": 64}, b"event: message_stop"),
+])
+def test_a_client_that_leaves_after_the_last_event_keeps_the_upstream_connection(proxy, fake, openai_client,
+                                                                                  path, body, last):
+    """The OpenAI SDK closes as soon as it reads [DONE]; the upstream's end of body may come later."""
+    import socket
+    fake.end_delay = 0.3
+    data = json.dumps(dict(body, messages=[{"role": "user", "content": "a b c"}])).encode()
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nx-api-key: %s\r\nanthropic-version: 2023-06-01\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (path.encode(), API_KEY.encode(), len(data), data))
+    seen = b""
+    while last not in seen:
+        chunk = sock.recv(65536)
+        assert chunk, seen
+        seen += chunk
+    sock.close()  # before the upstream's end of body
+    assert not fake.wait_for_disconnect(timeout=1.0), "the proxy dropped the upstream after the last event"
+    reply = openai_client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "next"}])
+    assert reply.choices[0].message.content == "ECHO: next"
+    assert fake.connections_opened == 1  # the next call reused the connection
+
+
+def test_the_last_event_of_each_stream_format_is_recognised():
+    last = {
+        "openai": b'data: {"choices":[]}\n\ndata: [DONE]\n\n',
+        "anthropic": b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+        "responses": b'event: response.completed\ndata: {"type":"response.completed"}\n\n',
+        "error": b'event: error\ndata: {"type":"error"}\n\n',
+    }
+    assert all(ragproxy._FINAL_SSE_EVENT.search(piece) for piece in last.values())
+    quoted = b'data: {"choices":[{"delta":{"content":"\\nevent: message_stop\\ndata: [DONE]"}}]}\n\n'
+    assert not ragproxy._FINAL_SSE_EVENT.search(quoted)  # a model's text cannot end the stream early
+    assert ragproxy._FINAL_NDJSON_LINE.search(b'{"model":"m","done":true,"eval_count":3}\n')
+    assert not ragproxy._FINAL_NDJSON_LINE.search(b'{"message":{"content":"\\"done\\":true"},"done":false}\n')
+
+
 # -- the rewrite hook ------------------------------------------------------------
 
 def test_rewriters_can_change_the_request_and_add_headers(proxy, openai_client, fake):
