@@ -2308,9 +2308,10 @@ class _Urllib3Pool:
                     "assert_hostname": None if verify else False,
                     "cert_file": client_cert or None, "key_file": client_key or None}
         try:
-            pool = self._pm.connection_from_url(url, pool_kwargs=settings)
+            target = _urllib3.util.parse_url(url)
+            pool = self._pm.connection_from_host(target.host, target.port, target.scheme, pool_kwargs=settings)
             resp = pool.urlopen(
-                method, _urllib3.util.parse_url(url).request_uri, body=body, headers=headers,
+                method, target.request_uri, body=body, headers=headers,
                 redirect=False, retries=False, assert_same_host=False,
                 timeout=_urllib3.Timeout(connect=connect_timeout, read=read_timeout),
                 preload_content=False, decode_content=False)

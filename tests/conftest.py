@@ -62,14 +62,23 @@ def fake():
         assert upstream.errors == [], "the fake upstream itself failed"
 
 
-@pytest.fixture
-def gateway():
-    """The fake upstream over https, with a certificate for 127.0.0.1 from the test CA (ca.pem)."""
+def tls_upstream(ask_client_certificate=False):
+    """Run the fake upstream over https with a certificate for 127.0.0.1 from the test CA
+    (ca.pem); with ``ask_client_certificate`` it refuses clients without one from that CA."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(os.path.join(TLS_DIR, "server.pem"), os.path.join(TLS_DIR, "server.key"))
+    if ask_client_certificate:
+        context.load_verify_locations(os.path.join(TLS_DIR, "ca.pem"))
+        context.verify_mode = ssl.CERT_REQUIRED
     with FakeUpstream(tls=context) as upstream:
         yield upstream
         assert upstream.errors == [], "the fake upstream itself failed"
+
+
+@pytest.fixture
+def gateway():
+    """The fake upstream over https (see tls_upstream)."""
+    yield from tls_upstream()
 
 
 def proxy_config(fake_url, extra="", auth=True, server="  client_timeout: 5"):
@@ -143,6 +152,11 @@ def proxy(make_proxy):
 
 @pytest.fixture
 def openai_client(proxy):
+    return openai_for(proxy)
+
+
+def openai_for(proxy):
+    """The official OpenAI SDK pointed at a running proxy, with the test key and no retries."""
     import openai
     return openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
 

@@ -8,7 +8,6 @@ through http.client.
 """
 import pathlib
 import socket
-import ssl
 import threading
 import time
 
@@ -16,8 +15,7 @@ import openai
 import pytest
 
 import ragproxy
-from conftest import API_KEY, TLS_DIR, send_slowly
-from fake_upstream import FakeUpstream
+from conftest import API_KEY, TLS_DIR, openai_for, send_slowly, tls_upstream
 
 
 class ScriptedServer:
@@ -414,7 +412,7 @@ models:
 
 def test_https_gateway_with_its_own_certificate_authority(tls_library, gateway, make_proxy):
     proxy = make_proxy(gateway_config(gateway.url, f', ca_file: "{TLS / "ca.pem"}"'))
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0)
+    client = openai_for(proxy)
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "over tls"}])
     assert reply.choices[0].message.content == "ECHO: over tls"
     chunks = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "streamed tls"}],
@@ -428,7 +426,7 @@ def test_https_gateway_with_its_own_certificate_authority(tls_library, gateway, 
 
 def test_https_gateway_certificate_refused_without_ca_file(tls_library, gateway, make_proxy):
     proxy = make_proxy(gateway_config(gateway.url))
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0)
+    client = openai_for(proxy)
     with pytest.raises(openai.InternalServerError) as info:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     assert info.value.status_code == 502
@@ -440,7 +438,7 @@ def test_https_gateway_certificate_refused_without_ca_file(tls_library, gateway,
 @pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 def test_https_gateway_with_checks_off(tls_library, gateway, make_proxy):
     proxy = make_proxy(gateway_config(gateway.url, ", tls_verify: false"))
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0)
+    client = openai_for(proxy)
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "unchecked"}])
     assert reply.choices[0].message.content == "ECHO: unchecked"
 
@@ -458,24 +456,18 @@ def test_embedding_provider_over_https(gateway):
 @pytest.fixture
 def mtls_gateway():
     """A gateway that asks for a client certificate from the test CA."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(str(TLS / "server.pem"), str(TLS / "server.key"))
-    context.load_verify_locations(str(TLS / "ca.pem"))
-    context.verify_mode = ssl.CERT_REQUIRED
-    with FakeUpstream(tls=context) as upstream:
-        yield upstream
-        assert upstream.errors == [], "the fake upstream itself failed"
+    yield from tls_upstream(ask_client_certificate=True)
 
 
 def test_https_gateway_that_asks_for_a_client_certificate(tls_library, mtls_gateway, make_proxy):
     trust = f', ca_file: "{TLS / "ca.pem"}"'
     mine = f', client_cert: "{TLS / "client.pem"}", client_key: "{TLS / "client.key"}"'
     proxy = make_proxy(gateway_config(mtls_gateway.url, trust + mine))
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0)
+    client = openai_for(proxy)
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "who am i"}])
     assert reply.choices[0].message.content == "ECHO: who am i"
     without = make_proxy(gateway_config(mtls_gateway.url, trust))
-    client = openai.OpenAI(base_url=without.url + "/v1", api_key=API_KEY, max_retries=0)
+    client = openai_for(without)
     with pytest.raises(openai.InternalServerError) as info:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "anonymous"}])
     assert info.value.status_code == 502
