@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -49,6 +48,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from perf import load_ragproxy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -173,15 +174,6 @@ def _count_lines(path):
 
 # --------------------------------------------------------------------------
 # ragproxy
-
-
-def load_ragproxy(path=RAGPROXY):
-    """Import ragproxy.py from ``path`` (the checkout's by default) as module ``ragproxy``."""
-    spec = importlib.util.spec_from_file_location("ragproxy", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ragproxy"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def write_config(path, args, embed_url):

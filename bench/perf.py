@@ -77,11 +77,13 @@ TOP = 10
 # Small helpers
 
 
-def load_ragproxy(path):
-    spec = importlib.util.spec_from_file_location("ragproxy", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ragproxy"] = module
-    spec.loader.exec_module(module)
+def load_ragproxy(path=RAGPROXY):
+    """Import ``ragproxy`` from the tree holding ``path`` (its ragproxy.py and the _ragproxy package beside it)."""
+    root = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, root)
+    module = importlib.import_module(os.path.splitext(os.path.basename(path))[0])
+    if os.path.dirname(os.path.abspath(module.__file__)) != root:
+        raise RuntimeError(f"imported {module.__file__}, not the ragproxy.py in {root}")
     return module
 
 
@@ -502,7 +504,7 @@ def _build_store(rp, path, mat, compact):
 
 def _dense_pure_worker(data, ragproxy_path):
     rp = load_ragproxy(ragproxy_path)
-    if rp.FEATURES.get("pure") is not True and rp._np is not None:
+    if rp.FEATURES.get("pure") is not True or rp.FEATURES.get("numpy") is not None:
         return {"error": "RAGPROXY_PURE=1 did not take effect"}
     gen = rp.KBStore(data["store"]).current()
     queries = data["queries"]

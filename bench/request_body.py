@@ -27,12 +27,14 @@ Sides:
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import random
 import statistics
 import string
 import sys
 import time
+import types
 
 from perf import RAGPROXY, load_ragproxy
 
@@ -72,22 +74,35 @@ def median_us(fn, repeat):
     return statistics.median(times) * 1e6
 
 
+def body_helpers(rp):
+    """The request-body helpers of ``rp``: in _ragproxy since the package split, module privates before."""
+    if hasattr(rp, "_json_object_of"):   # a single-file ragproxy.py (--ragproxy from an older commit)
+        return types.SimpleNamespace(json_object_of=rp._json_object_of, json_bytes=rp._json_bytes,
+                                     with_model=getattr(rp, "_with_model", None),  # absent before cbe4a73
+                                     with_edits=getattr(rp, "_with_edits", None))  # absent before 7d10aaa
+    api = importlib.import_module("_ragproxy.api")
+    jsonbody = importlib.import_module("_ragproxy.jsonbody")
+    return types.SimpleNamespace(json_object_of=jsonbody.json_object_of, json_bytes=api.json_bytes,
+                                 with_model=jsonbody.with_model, with_edits=jsonbody.with_edits)
+
+
 def measure(rp, size, repeat):
+    helpers = body_helpers(rp)
     body = claude_code_body(size)
-    payload = rp._json_object_of(body)
+    payload = helpers.json_object_of(body)
     model = payload["model"]
     sides = {"json.loads": lambda: json.loads(body),
-             "parse (every call)": lambda: rp._json_object_of(body),
-             "serialize again": lambda: rp._json_bytes(payload)}
-    with_model = getattr(rp, "_with_model", None)  # absent before commit cbe4a73
+             "parse (every call)": lambda: helpers.json_object_of(body),
+             "serialize again": lambda: helpers.json_bytes(payload)}
+    with_model = helpers.with_model
     if with_model is not None:
         renamed = with_model(body, model, "qwen2.5-coder:32b")
         if renamed is None or json.loads(renamed) != dict(payload, model="qwen2.5-coder:32b"):
             raise SystemExit("replace model in place gave a different payload")
         sides["replace model in place"] = lambda: with_model(body, model, "qwen2.5-coder:32b")
-    with_edits = getattr(rp, "_with_edits", None)
+    with_edits = helpers.with_edits
     if with_edits is not None:
-        injected = rp._json_object_of(body)
+        injected = helpers.json_object_of(body)
         paths = rp.inject("messages", injected, "Reference material.\n" + "x " * 1000, "before_last_user")
         if json.loads(with_edits(body, injected, paths)) != injected:
             raise SystemExit("splice injected turn gave a different payload")

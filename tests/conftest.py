@@ -24,6 +24,7 @@ if ROOT not in sys.path:
     sys.path.append(ROOT)
 
 import ragproxy  # noqa: E402
+from _ragproxy import deps, http1
 from fake_upstream import FakeUpstream  # noqa: E402
 
 API_KEY = "rp-test-key-0001"
@@ -53,6 +54,18 @@ def send_slowly(sock, data):
             time.sleep(0.0002)
     except (BrokenPipeError, ConnectionResetError):
         pass  # refused before the end: the answer is waiting to be read
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pyz_cache(tmp_path_factory):
+    """A .pyz that a test runs extracts itself into a temporary cache, never the user's ~/.cache."""
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if saved is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
 
 
 @pytest.fixture
@@ -254,9 +267,9 @@ def admin_proxy(make_admin_proxy):
 @pytest.fixture(params=["kernel", "python"])
 def timeouts(request, monkeypatch):
     """Run a test with socket timeouts kept by the kernel (Linux) and by Python (elsewhere)."""
-    if request.param == "kernel" and not ragproxy._KERNEL_TIMEOUTS:
+    if request.param == "kernel" and not http1.KERNEL_TIMEOUTS:
         pytest.skip("kernel socket timeouts are used on Linux only")
-    monkeypatch.setattr(ragproxy, "_KERNEL_TIMEOUTS", request.param == "kernel")
+    monkeypatch.setattr(http1, "KERNEL_TIMEOUTS", request.param == "kernel")
     return request.param
 
 
@@ -266,10 +279,10 @@ def timeouts(request, monkeypatch):
 def mode(request, monkeypatch):
     """Run a test with ragproxy's numpy path and with its stdlib fallback."""
     if request.param == "numpy":
-        if ragproxy._np is None:
+        if deps.np is None:
             pytest.skip("numpy disabled (RAGPROXY_PURE=1 or not installed)")
     else:
-        monkeypatch.setattr(ragproxy, "_np", None)
+        monkeypatch.setattr(deps, "np", None)
     return request.param
 
 

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 import ragproxy
+from _ragproxy.admin import _ADMIN_ROUTES, _b64url
 from conftest import ADMIN_KEY, API_KEY, AdminClient, logged_rows, proxy_config
 
 GUIDE = """# Runbook
@@ -51,7 +52,7 @@ def _wait_indexed(admin, kb, files):
 
 def test_every_admin_endpoint_needs_a_token(admin_proxy):
     client = AdminClient(admin_proxy.url)
-    for route in ragproxy._ADMIN_ROUTES:
+    for route in _ADMIN_ROUTES:
         if route.public:
             continue
         path = "/admin/api/" + route.pattern.format(kind="llm", name="x", kb="docs", id="1")
@@ -134,15 +135,15 @@ def test_tokens_expire_and_forgeries_fail(tmp_path, fake):
         # Tampered claims, another key's signature and "alg": "none" are all refused.
         head, payload, sig = token.split(".")
         claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        longer = ragproxy._b64url(json.dumps(dict(claims, exp=claims["exp"] + 10**6)).encode())
+        longer = _b64url(json.dumps(dict(claims, exp=claims["exp"] + 10**6)).encode())
         assert _call(app, "GET", "/admin/api/session", token=f"{head}.{longer}.{sig}")[0] == 401
         other = ragproxy.issue_token("another-key", claims)
         assert _call(app, "GET", "/admin/api/session", token=other)[0] == 401
-        none_head = ragproxy._b64url(b'{"alg":"none","typ":"JWT"}')
+        none_head = _b64url(b'{"alg":"none","typ":"JWT"}')
         assert _call(app, "GET", "/admin/api/session", token=f"{none_head}.{payload}.")[0] == 401
         assert _call(app, "GET", "/admin/api/session", token=f"{none_head}.{payload}.{sig}")[0] == 401
         # An unsigned token is refused before any of it is parsed: a hostile one is a 401, not a 500.
-        deep = ragproxy._b64url(b"[" * 100_000)
+        deep = _b64url(b"[" * 100_000)
         assert _call(app, "GET", "/admin/api/session", token=f"{deep}.{deep}.{sig}")[0] == 401
     finally:
         app.close()
@@ -394,7 +395,7 @@ def test_settings_edit_validates_with_line_numbers_and_keeps_a_backup(admin_prox
 def test_openapi_document_lists_every_route(admin_proxy):
     status, _, doc = admin_proxy.admin().get("/admin/api/openapi.json")
     assert status == 200 and doc["openapi"].startswith("3.1")
-    for route in ragproxy._ADMIN_ROUTES:
+    for route in _ADMIN_ROUTES:
         assert route.method.lower() in doc["paths"]["/admin/api/" + route.pattern]
     assert doc["paths"]["/admin/api/login"]["post"]["security"] == []
     from openapi_spec_validator import validate
@@ -405,7 +406,7 @@ def test_readme_lists_every_endpoint():
     here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "..", "README.md"), encoding="utf-8") as f:
         readme = f.read()
-    for route in ragproxy._ADMIN_ROUTES:
+    for route in _ADMIN_ROUTES:
         assert f"{route.method} /admin/api/{route.pattern}" in readme, route
 
 
@@ -599,7 +600,7 @@ def test_upload_to_a_missing_or_hostile_kb_name(admin_proxy):
     assert _tree(admin_proxy.data_dir) == before
 
 
-@pytest.mark.parametrize("route", [r for r in ragproxy._ADMIN_ROUTES if r.method in ("POST", "PUT")],
+@pytest.mark.parametrize("route", [r for r in _ADMIN_ROUTES if r.method in ("POST", "PUT")],
                          ids=lambda r: f"{r.method} {r.pattern}")
 @pytest.mark.parametrize("body", [b"{", b"[1, 2]", b"\xff\xfe", b'"text"', b"null"], ids=["cut", "array", "binary",
                                                                                         "string", "null"])

@@ -1,7 +1,8 @@
 """tools/build_pyz.py: a reproducible, runnable dist/ragproxy.pyz.
 
 Builds go to temporary directories through the tool's command line, as a
-maintainer runs it; the archive is then run the way a user runs it.
+maintainer runs it; the archive is then run the way a user runs it, with its
+cache directory (tools/pyz_main.py) in a temporary directory too.
 """
 import glob
 import hashlib
@@ -18,13 +19,28 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "build_pyz.py")
-HAS_MAIN = re.search(r"^def main\(", open(os.path.join(ROOT, "ragproxy.py")).read(), re.M) is not None
+BOOTSTRAP = os.path.join(ROOT, "tools", "pyz_main.py")
+VERSION = re.search(r'^__version__ = "([^"]+)"', open(os.path.join(ROOT, "_ragproxy", "__init__.py")).read(),
+                    re.M).group(1)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Every archive run here extracts into this test's own cache directory, never the user's."""
+    monkeypatch.setenv("RAGPROXY_CACHE_DIR", str(tmp_path / "pyz-cache"))
 
 
 def _env(**changes):
     env = {k: v for k, v in os.environ.items() if k not in ("SOURCE_DATE_EPOCH", "RAGPROXY_PURE")}
     env.update(changes)
-    return env
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def fake_checkout(root, main_py):
+    """A checkout whose ragproxy.py is ``main_py``, with the smallest package the build accepts."""
+    (root / "_ragproxy").mkdir(parents=True)
+    (root / "_ragproxy" / "__init__.py").write_text('__version__ = "9.9"\n')
+    (root / "ragproxy.py").write_text(main_py)
 
 
 def build(out, *extra, python=sys.executable, **env):
@@ -78,13 +94,13 @@ def test_source_mtimes_and_caches_do_not_change_the_bytes(pyz, tmp_path):
     root = tmp_path / "checkout"
     root.mkdir()
     shutil.copy(os.path.join(ROOT, "ragproxy.py"), str(root / "ragproxy.py"))
-    shutil.copytree(os.path.join(ROOT, "vendored"), str(root / "vendored"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in ("_ragproxy", "vendored"):
+        shutil.copytree(os.path.join(ROOT, tree), str(root / tree), ignore=shutil.ignore_patterns("__pycache__"))
     if os.path.isdir(os.path.join(ROOT, "static")):
         shutil.copytree(os.path.join(ROOT, "static"), str(root / "static"))
-    cache = root / "vendored" / "yaml" / "__pycache__"
-    cache.mkdir()
-    (cache / "reader.cpython-311.pyc").write_bytes(b"cache")
+    for cache in (root / "vendored" / "yaml" / "__pycache__", root / "_ragproxy" / "__pycache__"):
+        cache.mkdir()
+        (cache / "reader.cpython-311.pyc").write_bytes(b"cache")
     (root / "vendored" / "stray.pyc").write_bytes(b"cache")
     later = time.time() + 86400
     for dirpath, _, filenames in os.walk(str(root)):
@@ -102,10 +118,11 @@ def test_output_line_gives_path_size_and_sha256(tmp_path):
     assert line == "%s  %d bytes  sha256 %s" % (out, out.stat().st_size, sha256(out))
 
 
-def test_members_are_ragproxy_vendored_and_main(pyz):
+def test_members_are_ragproxy_its_package_vendored_and_main(pyz):
     with zipfile.ZipFile(str(pyz)) as zf:
         names = zf.namelist()
-    expected = ["__main__.py", "ragproxy.py"] + source_files(ROOT, "vendored") + source_files(ROOT, "static")
+    expected = ["__main__.py", "ragproxy.py"] + source_files(ROOT, "_ragproxy") + source_files(ROOT, "vendored") \
+        + source_files(ROOT, "static")
     assert names == sorted(expected)
     assert "vendored/vendor.txt" in names and "vendored/LICENSE.PyYAML" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
@@ -121,7 +138,21 @@ def test_entries_have_fixed_metadata_and_round_trip(pyz):
         assert zf.read("ragproxy.py") == open(os.path.join(ROOT, "ragproxy.py"), "rb").read()
         assert zf.read("vendored/yaml/__init__.py") == \
             open(os.path.join(ROOT, "vendored", "yaml", "__init__.py"), "rb").read()
-        assert zf.read("__main__.py") == b"import sys, ragproxy\nsys.exit(ragproxy.main())\n"
+        assert zf.read("_ragproxy/cli.py") == open(os.path.join(ROOT, "_ragproxy", "cli.py"), "rb").read()
+
+
+def test_main_is_the_bootstrap_with_this_builds_values(pyz):
+    with zipfile.ZipFile(str(pyz)) as zf:
+        main = zf.read("__main__.py").decode("utf-8")
+        code = sorted(n for n in zf.namelist() if n == "ragproxy.py" or n.startswith(("_ragproxy/", "static/")))
+    build_id = re.search(r"^BUILD = '([0-9a-f]{16})'$", main, re.M).group(1)
+    assert re.search(r"^VERSION = '%s'$" % re.escape(VERSION), main, re.M)
+    assert re.search(r"^PACKAGE_FILES = (.*)$", main, re.M).group(1) == repr(tuple(code))
+    unfilled = re.sub(r"^VERSION = .*$", 'VERSION = "0"', main, flags=re.M)
+    unfilled = re.sub(r"^BUILD = .*$", 'BUILD = "unbuilt"', unfilled, flags=re.M)
+    unfilled = re.sub(r"^PACKAGE_FILES = .*$", "PACKAGE_FILES = ()", unfilled, flags=re.M)
+    assert unfilled == open(BOOTSTRAP, encoding="utf-8").read()
+    assert build_id not in open(os.path.join(ROOT, "_ragproxy", "__init__.py")).read()
 
 
 def test_file_is_an_executable_script(pyz):
@@ -146,52 +177,67 @@ def test_bad_source_date_epoch_is_a_clear_error(tmp_path):
 
 
 def test_missing_ragproxy_py_is_a_clear_error(tmp_path):
-    proc = subprocess.run([sys.executable, TOOL, "--root", str(tmp_path), "--out", str(tmp_path / "x.pyz")],
+    root = tmp_path / "empty"
+    root.mkdir()
+    proc = subprocess.run([sys.executable, TOOL, "--root", str(root), "--out", str(root / "x.pyz")],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, env=_env())
     assert proc.returncode == 1
     assert "ragproxy.py not found" in proc.stderr and "Traceback" not in proc.stderr
-    assert os.listdir(str(tmp_path)) == []
+    assert os.listdir(str(root)) == []
+
+
+def test_missing_package_version_is_a_clear_error(tmp_path):
+    root = tmp_path / "checkout"
+    root.mkdir()
+    (root / "ragproxy.py").write_text("def main():\n    return 0\n")
+    for package_init in (None, "VERSION = 1\n"):
+        if package_init is not None:
+            (root / "_ragproxy").mkdir()
+            (root / "_ragproxy" / "__init__.py").write_text(package_init)
+        proc = subprocess.run([sys.executable, TOOL, "--root", str(root), "--out", str(tmp_path / "x.pyz")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, env=_env())
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert ("not found" if package_init is None else "does not set __version__") in proc.stderr
+        assert not (tmp_path / "x.pyz").exists()
 
 
 def test_static_tree_is_packed_when_present(tmp_path):
     root = tmp_path / "checkout"
+    fake_checkout(root, "def main():\n    return 0\n")
     (root / "static" / "css").mkdir(parents=True)
-    (root / "ragproxy.py").write_text("def main():\n    return 0\n")
     (root / "static" / "index.html").write_text("<!doctype html>")
     (root / "static" / "css" / "site.css").write_text("body{}")
     out = tmp_path / "ragproxy.pyz"
     build(out, "--root", str(root))
     with zipfile.ZipFile(str(out)) as zf:
-        assert zf.namelist() == ["__main__.py", "ragproxy.py", "static/css/site.css", "static/index.html"]
+        assert zf.namelist() == ["__main__.py", "_ragproxy/__init__.py", "ragproxy.py", "static/css/site.css",
+                                 "static/index.html"]
     assert subprocess.run([sys.executable, str(out)]).returncode == 0
 
 
 def test_main_exit_status_is_the_process_status(tmp_path):
     root = tmp_path / "checkout"
-    root.mkdir()
-    (root / "ragproxy.py").write_text("import sys\ndef main():\n    print(sys.argv[1:])\n    return 3\n")
+    fake_checkout(root, "import sys\ndef main():\n    print(sys.argv[1:])\n    return 3\n")
     out = tmp_path / "ragproxy.pyz"
     build(out, "--root", str(root))
     proc = subprocess.run([str(out), "--flag"], stdout=subprocess.PIPE, universal_newlines=True)
     assert (proc.returncode, proc.stdout) == (3, "['--flag']\n")
 
 
-@pytest.mark.xfail(not HAS_MAIN, reason="ragproxy.main() is not in ragproxy.py yet", strict=True)
 def test_pyz_version_runs(pyz):
     proc = subprocess.run([sys.executable, str(pyz), "--version"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, env=_env())
     assert proc.returncode == 0, proc.stderr
-    version = re.search(r'^__version__ = "([^"]+)"', open(os.path.join(ROOT, "ragproxy.py")).read(), re.M)
-    assert proc.stdout.startswith("ragproxy %s" % version.group(1))
+    assert proc.stdout.startswith("ragproxy %s" % VERSION)
 
 
 _PROBE = """
 import sys
 sys.path.insert(0, sys.argv[1])
-import ragproxy, pypdf
-print(ragproxy._yaml and ragproxy._yaml.__file__)
-print(ragproxy._urllib3 and ragproxy._urllib3.__file__)
-print(pypdf.__file__)
+from _ragproxy import deps
+print(deps.yaml and deps.yaml.__file__)
+print(deps.urllib3 and deps.urllib3.__file__)
+print(deps.pypdf and deps.pypdf.__file__)
 """
 
 
@@ -212,4 +258,6 @@ def test_pure_mode_ignores_the_vendored_packages(pyz):
     proc = subprocess.run([sys.executable, "-S", "-c", _PROBE, str(pyz)], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, env=_env(RAGPROXY_PURE="1"))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split("\n")[:2] == ["None", "None"]
+    inside = os.path.join(str(pyz), "vendored")
+    # pypdf adds a format, not speed: pure mode still reads PDFs.
+    assert proc.stdout.split("\n")[:3] == ["None", "None", os.path.join(inside, "pypdf", "__init__.py")]

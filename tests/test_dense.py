@@ -5,6 +5,7 @@ import random
 import pytest
 
 import ragproxy
+from _ragproxy import dense, deps
 from conftest import brute_force, random_rows, unit
 
 
@@ -12,7 +13,7 @@ def test_dense_top_k_matches_brute_force(mode):
     rows = random_rows(300, 16, seed=1)
     vectors = [unit(r) for r in rows]
     if mode == "numpy":
-        vectors = ragproxy._np.asarray(vectors, dtype=ragproxy._np.float32)
+        vectors = deps.np.asarray(vectors, dtype=deps.np.float32)
     for seed in range(5):
         query = random_rows(1, 16, seed=100 + seed)[0]
         got = ragproxy.dense_top_k(vectors, query, 10)
@@ -34,9 +35,9 @@ def test_dense_top_k_edge_cases(mode):
 
 
 def test_numpy_top_k_selection_matches_a_full_sort():
-    if ragproxy._np is None:
+    if deps.np is None:
         pytest.skip("numpy disabled")
-    np = ragproxy._np
+    np = deps.np
     rng = random.Random(3)
     for n in (50, 5000, 300000):
         values = [round(rng.gauss(0.0, 1.0), 2) for _ in range(n)]  # plenty of ties
@@ -46,51 +47,51 @@ def test_numpy_top_k_selection_matches_a_full_sort():
             as_float = scores.tolist()
             ranked = sorted(range(n), key=lambda i: (-as_float[i], i))
         for k in (1, 10, 40):
-            assert ragproxy._np_top(scores, None, k).tolist() == ranked[:k]
+            assert dense._np_top(scores, None, k).tolist() == ranked[:k]
 
 
 def test_compact_scan_on_several_threads_matches_the_plain_product():
-    if ragproxy._np is None:
+    if deps.np is None:
         pytest.skip("numpy disabled")
-    np = ragproxy._np
+    np = deps.np
     rng = np.random.default_rng(3)
-    n = 3 * ragproxy._SCAN_PARALLEL_ROWS + 1234  # several slices, ragged block ends
+    n = 3 * dense._SCAN_PARALLEL_ROWS + 1234  # several slices, ragged block ends
     compact = rng.integers(-127, 128, size=(n, 6), dtype=np.int8)
     query = rng.standard_normal(6).astype(np.float32)
     scores = np.full(n, np.nan, dtype=np.float32)
-    ragproxy._parallel_rows(n, ragproxy._SCAN_BLOCK, ragproxy._float_scan(compact, query, scores))
+    dense._parallel_rows(n, dense._SCAN_BLOCK, dense._float_scan(compact, query, scores))
     assert np.allclose(scores, compact.astype(np.float32) @ query, rtol=1e-5, atol=1e-4)
 
 
 def test_binary_pool_grows_with_k_and_with_the_collection():
     assert ragproxy.binary_pool(100, 10) == 100
-    assert ragproxy.binary_pool(50000, 10) == 10 * ragproxy._BINARY_POOL_PER_K
-    assert ragproxy.binary_pool(50000, 50) == 50 * ragproxy._BINARY_POOL_PER_K
-    assert ragproxy.binary_pool(10 ** 7, 10) == -(-10 ** 7 // ragproxy._BINARY_POOL_SHARE)
+    assert ragproxy.binary_pool(50000, 10) == 10 * dense._BINARY_POOL_PER_K
+    assert ragproxy.binary_pool(50000, 50) == 50 * dense._BINARY_POOL_PER_K
+    assert ragproxy.binary_pool(10 ** 7, 10) == -(-10 ** 7 // dense._BINARY_POOL_SHARE)
 
 
 def test_hamming_scan_on_several_threads_counts_differing_bits():
-    if ragproxy._np is None:
+    if deps.np is None:
         pytest.skip("numpy disabled")
-    np = ragproxy._np
+    np = deps.np
     rng = np.random.default_rng(4)
-    n = 2 * ragproxy._SCAN_PARALLEL_ROWS + 777
+    n = 2 * dense._SCAN_PARALLEL_ROWS + 777
     codes = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
     query = rng.integers(0, 256, size=16, dtype=np.uint8)
     expect = np.unpackbits(codes ^ query, axis=1).sum(axis=1)
     for words, qwords in ((codes.view(np.uint64), query.view(np.uint64)), (codes, query)):
-        for count in (ragproxy._BITWISE_COUNT, None):  # numpy 2's popcount, and the table for numpy 1
+        for popcount in (True, False):  # numpy 2's popcount, and the table for numpy 1
             dist = np.full(n, 999, dtype=np.uint16)
-            ragproxy._parallel_rows(n, ragproxy._BINARY_BLOCK, ragproxy._hamming_scan(words, qwords, dist, count))
+            dense._parallel_rows(n, dense._BINARY_BLOCK, dense._hamming_scan(words, qwords, dist, popcount))
             assert (dist == expect).all()
 
 
 def test_numpy_nearest_takes_the_smallest_distances_ties_to_lower_rows():
-    if ragproxy._np is None:
+    if deps.np is None:
         pytest.skip("numpy disabled")
-    np = ragproxy._np
+    np = deps.np
     rng = random.Random(8)
     dist = np.asarray([rng.randrange(40) for _ in range(5000)], dtype=np.uint16)
     ranked = sorted(range(len(dist)), key=lambda i: (int(dist[i]), i))
     for want in (1, 7, 100, 4999, 5000):
-        assert sorted(ragproxy._np_nearest(dist, want).tolist()) == sorted(ranked[:want])
+        assert sorted(dense._np_nearest(dist, want).tolist()) == sorted(ranked[:want])

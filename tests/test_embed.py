@@ -10,6 +10,7 @@ import threading
 import pytest
 
 import ragproxy
+from _ragproxy import deps
 from fake_upstream import OPENAI_RATE_LIMIT_BODY, embed_text
 
 
@@ -92,8 +93,8 @@ def test_openai_embeddings_arrive_as_base64_and_match_the_server(fake, pool):
 
 def test_result_type_is_float32_and_rows_are_unit_length(fake, pool):
     rows = embedder(fake, pool=pool).embed(TEXTS)
-    if ragproxy._np is not None:
-        assert rows.dtype == ragproxy._np.float32 and rows.shape == (3, 64)
+    if deps.np is not None:
+        assert rows.dtype == deps.np.float32 and rows.shape == (3, 64)
     else:
         assert isinstance(rows, list) and all(isinstance(r, array.array) and r.typecode == "f" for r in rows)
     for row in as_lists(rows):

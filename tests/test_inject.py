@@ -9,6 +9,7 @@ import json
 import pytest
 
 import ragproxy
+from _ragproxy import jsonbody
 
 CONTEXT = "Reference material.\n<context>\n[1] docs/retry.md (abc123)\nUse Retry(total=3).\n</context>\n"
 REMINDER = ("<system-reminder>\nAs you answer the user's questions, you can use the following context:\n"
@@ -533,10 +534,10 @@ def test_inject_names_every_path_it_changed(endpoint, body, mode):
     """Re-encoding only the reported paths gives the injected payload, and every other
     top-level value and list entry keeps the client's bytes."""
     raw = spaced(body)
-    payload = ragproxy._json_object_of(raw)
+    payload = jsonbody.json_object_of(raw)
     paths = ragproxy.inject(endpoint, payload, CONTEXT, mode)
     assert paths
-    sent = ragproxy._with_edits(raw, payload, paths)
+    sent = jsonbody.with_edits(raw, payload, paths)
     assert json.loads(sent) == payload
     for key, value in body.items():
         if (key,) in paths:

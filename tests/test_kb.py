@@ -5,6 +5,8 @@ import threading
 import pytest
 
 import ragproxy
+from _ragproxy import docfolder, fusion
+from _ragproxy.kb import _kb_spec
 from fake_upstream import FakeUpstream
 
 
@@ -52,7 +54,7 @@ def test_an_upload_indexed_before_its_name_was_recorded_is_renamed_on_the_next_p
     kb = make_kb(tmp_path)
     kb.index()
     assert kb.search("who rehearses restores", 1)[0].chunk["source"] == "kb/" + stored
-    ragproxy._write_manifest(str(docs), {stored: {"name": "guides/backup.md", "size": 1, "sha256": "x",
+    docfolder.write_manifest(str(docs), {stored: {"name": "guides/backup.md", "size": 1, "sha256": "x",
                                                   "uploaded_at": 0}})
     report = kb.index()
     assert (report.changed, report.unchanged) == (1, 3)  # the file's bytes did not change, its name did
@@ -197,7 +199,7 @@ def test_rate_limit_aborts_the_run(tmp_path, docs):
 
 
 def test_rrf_fusion_is_weighted_reciprocal_rank():
-    fused = ragproxy._rrf([("lexical", [(1, 9.0), (2, 5.0)], 1.0), ("dense", [(2, 0.9), (3, 0.8)], 1.0)])
+    fused = fusion.rrf([("lexical", [(1, 9.0), (2, 5.0)], 1.0), ("dense", [(2, 0.9), (3, 0.8)], 1.0)])
     assert [row for row, _, _ in fused] == [2, 1, 3]
     assert fused[0][1] == pytest.approx(1 / 62 + 1 / 61)
     assert fused[0][2] == {"lexical": 5.0, "dense": 0.9, "rrf": fused[0][1]}
@@ -206,7 +208,7 @@ def test_rrf_fusion_is_weighted_reciprocal_rank():
 def test_zscore_fusion_scales_each_list_by_its_own_distribution():
     lexical = [(1, 12.0), (2, 8.0), (3, 4.0)]          # mean 8, sd 3.266
     dense = [(3, 0.90), (4, 0.80), (2, 0.70)]          # mean 0.8, sd 0.0816
-    fused = ragproxy._zscore_fusion([("lexical", lexical, 1.0), ("dense", dense, 2.0)])
+    fused = fusion.zscore_fusion([("lexical", lexical, 1.0), ("dense", dense, 2.0)])
     scale = lambda s, mean, sd: (s - (mean - 3 * sd)) / (6 * sd)  # noqa: E731
     sd_l, sd_d = (32 / 3) ** 0.5, (0.02 / 3) ** 0.5
     want = {1: scale(12, 8, sd_l), 2: scale(8, 8, sd_l) + 2 * scale(0.7, 0.8, sd_d),
@@ -216,7 +218,7 @@ def test_zscore_fusion_scales_each_list_by_its_own_distribution():
         assert value == pytest.approx(want[row]) and detail["fused"] == value
     assert fused[0][0] == 3  # strong in dense (weight 2), weak in lexical
     # A list with one score (sd 0) must not divide by zero.
-    assert ragproxy._zscore_fusion([("lexical", [(7, 3.0)], 1.0), ("dense", [], 1.0)])[0][0] == 7
+    assert fusion.zscore_fusion([("lexical", [(7, 3.0)], 1.0), ("dense", [], 1.0)])[0][0] == 7
 
 
 def test_hybrid_top_k_is_a_prefix_of_a_deeper_search(tmp_path, fake):
@@ -310,7 +312,7 @@ models: [{{name: "*", upstream: o}}]
 knowledge_bases:
   kb: {{retrieval: dense, embedding: e, compact: {compact}}}
 """, environ={})
-    spec = ragproxy._kb_spec("kb", config.knowledge_bases["kb"])
+    spec = _kb_spec("kb", config.knowledge_bases["kb"])
     kb = ragproxy.KnowledgeBase(spec, str(tmp_path), embedder=_SlowEmbedder())
     kb.index()
     generation, _ = kb.current()

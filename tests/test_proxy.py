@@ -3,15 +3,14 @@
 Every call goes client -> ragproxy -> fake upstream over real sockets; the fake
 records what reached it, so each test checks both ends.
 """
-import base64
 import json
-import struct
 
 import anthropic
 import openai
 import pytest
 
-import ragproxy
+from _ragproxy import jsonbody
+from _ragproxy.proxy import _FINAL_NDJSON_LINE, _FINAL_SSE_EVENT
 from conftest import API_KEY
 from fake_upstream import ANTHROPIC_OVERLOADED_BODY, OPENAI_RATE_LIMIT_BODY, embed_text
 
@@ -102,23 +101,23 @@ def test_model_rename_of_any_other_body_sends_the_payload_again(proxy, fake, bod
 
 
 def test_with_model_replaces_only_a_leading_model_of_the_parsed_value():
-    assert ragproxy._with_model(b'{"model":"a\\u0062","x":1}', "ab", 'n"\u00e9') == \
+    assert jsonbody.with_model(b'{"model":"a\\u0062","x":1}', "ab", 'n"\u00e9') == \
         b'{"model":"n\\"\xc3\xa9","x":1}'
-    assert ragproxy._with_model(b'{"model":"a","model":"b"}', "b", "c") is None
-    assert ragproxy._with_model(b'{"x":{"model":"a"},"model":"a"}', "a", "c") is None
-    assert ragproxy._with_model(b'{"model" "a"}', "a", "c") is None
+    assert jsonbody.with_model(b'{"model":"a","model":"b"}', "b", "c") is None
+    assert jsonbody.with_model(b'{"x":{"model":"a"},"model":"a"}', "a", "c") is None
+    assert jsonbody.with_model(b'{"model" "a"}', "a", "c") is None
 
 
 def test_with_edits_re_encodes_only_the_paths_named():
     body = b' { "model" : "a", "messages" : [ {"n": 1.50} , {"n": 2} ], "x": 1e400 } '
-    payload = ragproxy._json_object_of(body)
+    payload = jsonbody.json_object_of(body)
     payload["messages"][1]["n"] = 3
-    assert ragproxy._with_edits(body, payload, [("messages", 1)]) == \
+    assert jsonbody.with_edits(body, payload, [("messages", 1)]) == \
         b' { "model" : "a", "messages" : [ {"n": 1.50} , {"n":3} ], "x": 1e400 } '
     payload["model"], payload["system"], payload["tools"] = "b", "s\u00e9", []
-    assert ragproxy._with_edits(body, payload, [("system",), ("model",), ("messages", 1), ("tools",)]) == \
+    assert jsonbody.with_edits(body, payload, [("system",), ("model",), ("messages", 1), ("tools",)]) == \
         ' { "model" : "b", "messages" : [ {"n": 1.50} , {"n":3} ], "x": 1e400,"system":"s\u00e9","tools":[] } '.encode()
-    assert ragproxy._with_edits(b'{}', {"system": "s"}, [("system",)]) == b'{"system":"s"}'
+    assert jsonbody.with_edits(b'{}', {"system": "s"}, [("system",)]) == b'{"system":"s"}'
 
 
 @pytest.mark.parametrize("body,payload,paths", [
@@ -131,7 +130,7 @@ def test_with_edits_re_encodes_only_the_paths_named():
     (b'{"messages":[1]}', {}, [("messages",)]),  # a member the rewriter removed
 ])
 def test_with_edits_declines_what_it_cannot_place(body, payload, paths):
-    assert ragproxy._with_edits(body, payload, paths) is None
+    assert jsonbody.with_edits(body, payload, paths) is None
 
 
 def test_glob_routes_and_catch_all(proxy, fake):
@@ -394,11 +393,11 @@ def test_the_last_event_of_each_stream_format_is_recognised():
         "responses": b'event: response.completed\ndata: {"type":"response.completed"}\n\n',
         "error": b'event: error\ndata: {"type":"error"}\n\n',
     }
-    assert all(ragproxy._FINAL_SSE_EVENT.search(piece) for piece in last.values())
+    assert all(_FINAL_SSE_EVENT.search(piece) for piece in last.values())
     quoted = b'data: {"choices":[{"delta":{"content":"\\nevent: message_stop\\ndata: [DONE]"}}]}\n\n'
-    assert not ragproxy._FINAL_SSE_EVENT.search(quoted)  # a model's text cannot end the stream early
-    assert ragproxy._FINAL_NDJSON_LINE.search(b'{"model":"m","done":true,"eval_count":3}\n')
-    assert not ragproxy._FINAL_NDJSON_LINE.search(b'{"message":{"content":"\\"done\\":true"},"done":false}\n')
+    assert not _FINAL_SSE_EVENT.search(quoted)  # a model's text cannot end the stream early
+    assert _FINAL_NDJSON_LINE.search(b'{"model":"m","done":true,"eval_count":3}\n')
+    assert not _FINAL_NDJSON_LINE.search(b'{"message":{"content":"\\"done\\":true"},"done":false}\n')
 
 
 # -- the rewrite hook ------------------------------------------------------------

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-import ragproxy
+from _ragproxy.metrics import Metrics
+from _ragproxy.reqlog import RequestLog
 from conftest import logged_rows
 
 T0 = 1_700_000_000.0
@@ -32,7 +33,7 @@ def open_log(tmp_path, clock):
 
     def make(**kwargs):
         kwargs.setdefault("clock", clock)
-        rl = ragproxy.RequestLog(str(tmp_path / "logs" / "requests.db"), **kwargs)
+        rl = RequestLog(str(tmp_path / "logs" / "requests.db"), **kwargs)
         logs.append(rl)
         return rl
 
@@ -105,11 +106,11 @@ def test_query_filters_and_orders_newest_first(open_log):
 
 
 def test_query_text_is_stored_only_with_log_query(tmp_path, clock):
-    with ragproxy.RequestLog(str(tmp_path / "off.db"), clock=clock) as off:
+    with RequestLog(str(tmp_path / "off.db"), clock=clock) as off:
         off.record(entry(query="secret question"))
         off.flush()
         assert off.query()[0]["query"] is None
-    with ragproxy.RequestLog(str(tmp_path / "on.db"), clock=clock, log_query=True) as on:
+    with RequestLog(str(tmp_path / "on.db"), clock=clock, log_query=True) as on:
         on.record(entry(query="how do I deploy"))
         on.flush()
         assert on.query()[0]["query"] == "how do I deploy"
@@ -158,13 +159,13 @@ def test_retention_by_row_count_keeps_the_newest(open_log, clock):
 
 def test_database_is_wal_survives_reopening_and_prunes_at_startup(tmp_path, clock):
     path = str(tmp_path / "logs" / "requests.db")
-    with ragproxy.RequestLog(path, clock=clock, retention_days=30) as rl:
+    with RequestLog(path, clock=clock, retention_days=30) as rl:
         rl.record(entry(time=T0 - 40 * 86400, model="ancient"))
         rl.record(entry(time=T0 - 86400, model="recent"))
         # close() without flush(): close must write what is queued
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert sqlite3.connect(path).execute("SELECT count(*) FROM requests").fetchone()[0] == 2
-    with ragproxy.RequestLog(path, clock=clock, retention_days=30) as again:
+    with RequestLog(path, clock=clock, retention_days=30) as again:
         again.record(entry(time=T0, model="new"))
         again.flush()
         assert [r["model"] for r in again.query()] == ["new", "recent"]
@@ -297,7 +298,7 @@ def observe_sample_requests(metrics):
 
 
 def test_render_text_escapes_label_values():
-    m = ragproxy.Metrics()
+    m = Metrics()
     observe_sample_requests(m)
     text = m.render()
     assert text.endswith("\n")
@@ -309,7 +310,7 @@ def test_render_text_escapes_label_values():
 
 def test_render_parses_with_prometheus_client_and_matches_observations():
     parser = pytest.importorskip("prometheus_client.parser")
-    m = ragproxy.Metrics()
+    m = Metrics()
     observe_sample_requests(m)
     m.observe_index("docs", indexed=5, skipped=2, deferred=1, errors=3)
     families = {f.name: f for f in parser.text_string_to_metric_families(m.render())}
@@ -356,7 +357,7 @@ def test_render_parses_with_prometheus_client_and_matches_observations():
 
 
 def test_collectors_set_gauges_at_render_time_and_a_broken_one_is_ignored():
-    m = ragproxy.Metrics()
+    m = Metrics()
     chunks = {"docs": 10}
     m.add_collector(lambda: [("ragproxy_kb_chunks", {"kb": kb}, n) for kb, n in chunks.items()]
                     + [("ragproxy_indexing_progress", {"kb": "docs"}, 0.25)])
@@ -375,7 +376,7 @@ def test_collectors_set_gauges_at_render_time_and_a_broken_one_is_ignored():
 
 
 def test_metric_labels_are_checked():
-    m = ragproxy.Metrics()
+    m = Metrics()
     with pytest.raises(ValueError, match="takes labels"):
         m["ragproxy_requests_total"].inc(model="x")
     with pytest.raises(ValueError, match="only go up"):
@@ -389,7 +390,7 @@ def test_metric_labels_are_checked():
 
 
 def test_custom_registry_renders_unlabelled_families_and_help_escapes():
-    m = ragproxy.Metrics(predefined=False)
+    m = Metrics(predefined=False)
     c = m.counter("jobs_total", "Jobs done.\nSecond line \\ backslash.")
     h = m.histogram("wait_seconds", "Wait.", buckets=(1, 0.5))
     c.inc(2)
@@ -409,7 +410,7 @@ def test_custom_registry_renders_unlabelled_families_and_help_escapes():
 
 
 def test_metrics_are_thread_safe():
-    m = ragproxy.Metrics()
+    m = Metrics()
     errors = m["ragproxy_index_errors_total"]
     hist = m["ragproxy_upstream_seconds"]
 
@@ -485,7 +486,7 @@ def test_query_text_logged_only_when_asked(make_proxy, fake, tmp_path):
 def test_writer_waits_for_its_period_not_for_each_entry(tmp_path):
     # Woken per entry, the writer competed with the request it was logging;
     # now entries wait for the period, and flush() still writes at once.
-    with ragproxy.RequestLog(str(tmp_path / "slow.db"), write_interval=30.0) as rl:
+    with RequestLog(str(tmp_path / "slow.db"), write_interval=30.0) as rl:
         rl.record({"model": "m", "status": 200})
         time.sleep(0.1)
         assert rl.written == 0          # the writer sleeps until its period ends...
@@ -494,7 +495,7 @@ def test_writer_waits_for_its_period_not_for_each_entry(tmp_path):
         assert rl.written == 1 and time.monotonic() - started < 5.0
         rl.record({"model": "m", "status": 200})
     assert rl.written == 2              # close() writes what is queued
-    with ragproxy.RequestLog(str(tmp_path / "fast.db"), write_interval=0.05) as rl:
+    with RequestLog(str(tmp_path / "fast.db"), write_interval=0.05) as rl:
         rl.record({"model": "m", "status": 200})
         deadline = time.monotonic() + 10.0
         while rl.written < 1 and time.monotonic() < deadline:
@@ -510,7 +511,7 @@ def test_a_failure_while_logging_a_call_costs_its_answer_nothing(make_proxy, fak
     p = make_proxy()
     seen = []
 
-    class Failing(ragproxy.Metrics):
+    class Failing(Metrics):
         def observe_request(self, entry):
             seen.append(entry["status"])
             if len(seen) == 1:

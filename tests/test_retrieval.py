@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-import ragproxy
+from _ragproxy import jsonbody
 from conftest import API_KEY, proxy_config
 
 SECRET = "the purple elephant sings at midnight"
@@ -182,7 +182,7 @@ def test_agent_loop_prefixes_are_byte_identical(rag_proxy, fake, data_dir):
         client.chat.completions.create(model="llama3", messages=messages, tools=tools)
         bodies.append(fake.last.body)
     for earlier, later in zip(bodies, bodies[1:]):
-        members, _ = ragproxy._json_members(earlier.decode(), 0)
+        members, _ = jsonbody._json_members(earlier.decode(), 0)
         close = members["messages"][1] - 1  # the earlier message list's closing bracket
         assert later.startswith(earlier[:close])  # every byte before it, the injected turn included
     # A new human turn retrieves afresh and sees the edit.

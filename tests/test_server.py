@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import API_KEY, proxy_config, send_slowly
+from conftest import API_KEY, send_slowly
 
 
 def _connect(proxy):

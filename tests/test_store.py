@@ -13,6 +13,8 @@ import time
 import pytest
 
 import ragproxy
+from _ragproxy import deps, npy
+from _ragproxy.store import _Registry
 from conftest import brute_force, random_rows, unit
 
 
@@ -52,9 +54,9 @@ NPY_CASES = [
 @pytest.mark.parametrize("dtype,values", NPY_CASES)
 def test_npy_written_without_numpy_loads_in_numpy_bit_exact(tmp_path, monkeypatch, dtype, values):
     np = pytest.importorskip("numpy")
-    monkeypatch.setattr(ragproxy, "_np", None)
+    monkeypatch.setattr(deps, "np", None)
     path = str(tmp_path / "a.npy")
-    ragproxy._npy_write_array(path, values, dtype)
+    npy.npy_write_array(path, values, dtype)
     loaded = np.load(path)
     expected = np.asarray(values, dtype=np.dtype(dtype))
     assert loaded.dtype == expected.dtype and loaded.shape == expected.shape
@@ -66,8 +68,8 @@ def test_npy_written_without_numpy_loads_in_numpy_bit_exact(tmp_path, monkeypatc
 
 def test_npy_empty_2d_shape_round_trip(tmp_path, mode):
     path = str(tmp_path / "e.npy")
-    ragproxy._npy_write_array(path, [], "<f4", shape=(0, 384))
-    arr = ragproxy._npy_read_array(path)
+    npy.npy_write_array(path, [], "<f4", shape=(0, 384))
+    arr = npy.npy_read_array(path)
     assert len(arr) == 0 and tuple(arr.shape) == (0, 384)
 
 
@@ -78,8 +80,8 @@ def test_npy_written_by_numpy_reads_without_numpy(tmp_path, monkeypatch, dtype, 
     expected = np.asarray(values, dtype=np.dtype(dtype))
     path = str(tmp_path / "a.npy")
     np.save(path, expected)
-    monkeypatch.setattr(ragproxy, "_np", None)
-    arr = ragproxy._npy_read_array(path, mmap=use_mmap)
+    monkeypatch.setattr(deps, "np", None)
+    arr = npy.npy_read_array(path, mmap=use_mmap)
     assert tuple(arr.shape) == expected.shape
     assert arr.raw_bytes() == expected.tobytes()
     assert arr.tolist() == expected.tolist()
@@ -91,46 +93,46 @@ def test_npy_written_by_numpy_reads_without_numpy(tmp_path, monkeypatch, dtype, 
 
 def test_npy_pure_writer_accepts_reader_arrays_and_flat_with_shape(tmp_path, mode):
     src = str(tmp_path / "src.npy")
-    ragproxy._npy_write_array(src, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "<f4", shape=(2, 3))
-    arr = ragproxy._npy_read_array(src)
+    npy.npy_write_array(src, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "<f4", shape=(2, 3))
+    arr = npy.npy_read_array(src)
     assert [list(map(float, r)) for r in arr] == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
     copy = str(tmp_path / "copy.npy")
-    ragproxy._npy_write_array(copy, arr, "<f4")
+    npy.npy_write_array(copy, arr, "<f4")
     assert open(copy, "rb").read() == open(src, "rb").read()
 
 
 def test_npy_rejects_truncated_and_foreign_files(tmp_path, mode):
     path = str(tmp_path / "t.npy")
-    ragproxy._npy_write_array(path, [[1.0] * 8] * 4, "<f4")
+    npy.npy_write_array(path, [[1.0] * 8] * 4, "<f4")
     data = open(path, "rb").read()
     open(path, "wb").write(data[:-5])
     with pytest.raises(ragproxy.StoreError):
-        ragproxy._npy_read_array(path)
+        npy.npy_read_array(path)
     open(path, "wb").write(b"not an npy file at all")
     with pytest.raises(ragproxy.StoreError, match="not a .npy file"):
-        ragproxy._npy_read_array(path)
+        npy.npy_read_array(path)
 
 
 def test_npy_dtype_aliases_and_inference(tmp_path, mode):
     import array
     path = str(tmp_path / "a.npy")
-    assert ragproxy._npy_write_array(path, array.array("i", [3, -4, 5]), None) == (3,)
-    arr = ragproxy._npy_read_array(path)
+    assert npy.npy_write_array(path, array.array("i", [3, -4, 5]), None) == (3,)
+    arr = npy.npy_read_array(path)
     assert [int(x) for x in arr] == [3, -4, 5]
-    ragproxy._npy_write_array(path, [0.5, 0.25], "f")
-    assert [float(x) for x in ragproxy._npy_read_array(path)] == [0.5, 0.25]
+    npy.npy_write_array(path, [0.5, 0.25], "f")
+    assert [float(x) for x in npy.npy_read_array(path)] == [0.5, 0.25]
     assert sorted(os.listdir(str(tmp_path))) == ["a.npy"]  # no temp file left behind
 
 
 def test_npy_rejects_unknown_dtype(tmp_path, mode):
     with pytest.raises(ValueError, match="unsupported dtype"):
-        ragproxy._npy_write_array(str(tmp_path / "x.npy"), [1, 2], "<u2")
+        npy.npy_write_array(str(tmp_path / "x.npy"), [1, 2], "<u2")
 
 
 def test_npy_shape_mismatch_is_an_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(ragproxy, "_np", None)
+    monkeypatch.setattr(deps, "np", None)
     with pytest.raises(ValueError):
-        ragproxy._npy_write_array(str(tmp_path / "x.npy"), [[1.0, 2.0], [3.0]], "<f4")
+        npy.npy_write_array(str(tmp_path / "x.npy"), [[1.0, 2.0], [3.0]], "<f4")
 
 
 # --- generations ----------------------------------------------------------------
@@ -437,15 +439,15 @@ def test_dense_top_k_on_stored_vectors_and_candidates(tmp_path, mode):
 
 
 def test_numpy_and_pure_agree(tmp_path, monkeypatch):
-    if ragproxy._np is None:
+    if deps.np is None:
         pytest.skip("numpy disabled")
     store = ragproxy.KBStore(str(tmp_path / "kb"))
     _, rows = commit_state(store, 500, "agree", dim=24)
     path = store.current().dir
     query = random_rows(1, 24, seed=7)[0]
-    fast = ragproxy.dense_top_k(ragproxy._npy_read_array(os.path.join(path, "vectors.npy")), query, 10)
-    monkeypatch.setattr(ragproxy, "_np", None)
-    slow = ragproxy.dense_top_k(ragproxy._npy_read_array(os.path.join(path, "vectors.npy")), query, 10)
+    fast = ragproxy.dense_top_k(npy.npy_read_array(os.path.join(path, "vectors.npy")), query, 10)
+    monkeypatch.setattr(deps, "np", None)
+    slow = ragproxy.dense_top_k(npy.npy_read_array(os.path.join(path, "vectors.npy")), query, 10)
     assert [r for r, _ in fast] == [r for r, _ in slow]
     assert [s for _, s in fast] == pytest.approx([s for _, s in slow], abs=1e-5)
 
@@ -499,7 +501,7 @@ def test_binary_codes_are_sign_bits_in_whole_words(tmp_path, mode):
               for row in rows]
     assert [body[i * width:(i + 1) * width] for i in range(3)] == expect
     if mode == "numpy":
-        np = ragproxy._np
+        np = deps.np
         loaded = np.load(os.path.join(store.current().dir, "vectors.b1.npy"))
         assert loaded.dtype == np.uint8 and loaded.shape == (3, width)
 
@@ -540,7 +542,7 @@ def test_binary_search_recall_and_exact_scores(tmp_path, mode):
 def test_a_finalizer_releasing_a_generation_under_the_registry_lock_does_not_deadlock():
     # The garbage collector runs weakref finalizers inside whatever allocation
     # triggered it, which may be one made while this thread holds the lock.
-    registry = ragproxy._Registry()
+    registry = _Registry()
     registry.retain(("root", "g000001"))
     registry.retain(("root", "g000002"))
     result = {}
@@ -577,13 +579,14 @@ CRASH_CHILD = STATE_SRC + r'''
 import os, sys
 sys.path.insert(0, sys.argv[1])
 import ragproxy
+KBStore = ragproxy.KBStore  # loaded once, before the forks
 root = sys.argv[2]
 print("ready", flush=True)
 for line in sys.stdin:
     start = int(line)
     pid = os.fork()
     if pid == 0:
-        store = ragproxy.KBStore(root)
+        store = KBStore(root)
         i = start
         while True:
             i += 1

@@ -8,6 +8,7 @@ import struct
 import pytest
 
 import ragproxy
+from _ragproxy import deps, npy
 from ragproxy import Analyzer, BM25Index, stem_english
 
 try:
@@ -15,14 +16,14 @@ try:
 except ImportError:  # the pure-Python path is still tested
     numpy = None
 
-needs_numpy = pytest.mark.skipif(numpy is None or ragproxy._np is None,
+needs_numpy = pytest.mark.skipif(numpy is None or deps.np is None,
                                  reason="numpy not available (or RAGPROXY_PURE=1)")
 
 
 @pytest.fixture
 def pure(monkeypatch):
     """Build and read without numpy, as on a machine that lacks it."""
-    monkeypatch.setattr(ragproxy, "_np", None)
+    monkeypatch.setattr(deps, "np", None)
 
 
 # --------------------------------------------------------------------------
@@ -299,7 +300,7 @@ def test_numpy_and_pure_paths_agree(monkeypatch):
     docs, queries = random_corpus(2)
     fast = BM25Index.build(docs)
     assert isinstance(fast.weights, numpy.ndarray)
-    monkeypatch.setattr(ragproxy, "_np", None)
+    monkeypatch.setattr(deps, "np", None)
     slow = BM25Index.build(docs)
     assert isinstance(slow.weights, array.array)
     for query in queries:
@@ -346,13 +347,13 @@ def test_save_and_load_give_the_same_results(tmp_path):
 def test_index_saved_without_numpy_loads_with_it_and_back(tmp_path, monkeypatch):
     docs, queries = random_corpus(4)
     with monkeypatch.context() as m:
-        m.setattr(ragproxy, "_np", None)
+        m.setattr(deps, "np", None)
         slow = BM25Index.build(docs)
         slow.save(str(tmp_path / "pure"))
     fast = BM25Index.load(str(tmp_path / "pure"))
     assert isinstance(fast.weights, numpy.ndarray)
     fast.save(str(tmp_path / "np"))
-    monkeypatch.setattr(ragproxy, "_np", None)
+    monkeypatch.setattr(deps, "np", None)
     back = BM25Index.load(str(tmp_path / "np"))
     assert isinstance(back.weights, array.array)
     for query in queries[:40]:
@@ -363,7 +364,7 @@ def test_index_saved_without_numpy_loads_with_it_and_back(tmp_path, monkeypatch)
 
 def test_load_rejects_mismatched_files(tmp_path):
     BM25Index.build(TINY).save(str(tmp_path))
-    ragproxy._npy_write_array(str(tmp_path / "bm25_indptr.npy"), [0, 1], "<i4")
+    npy.npy_write_array(str(tmp_path / "bm25_indptr.npy"), [0, 1], "<i4")
     with pytest.raises(ValueError, match="do not match"):
         BM25Index.load(str(tmp_path))
     (tmp_path / "bm25.json").write_text("{not json")
@@ -373,13 +374,13 @@ def test_load_rejects_mismatched_files(tmp_path):
 
 def test_npy_round_trip_without_numpy(tmp_path, pure):
     path = str(tmp_path / "a.npy")
-    ragproxy._npy_write_array(path, [1, -2, 3, 2 ** 31 - 1], "<i4")
-    data, shape = ragproxy._npy_read_flat(path)
+    npy.npy_write_array(path, [1, -2, 3, 2 ** 31 - 1], "<i4")
+    data, shape = npy.npy_read_flat(path)
     assert (data.typecode, shape, list(data)) == ("i", (4,), [1, -2, 3, 2 ** 31 - 1])
-    assert list(ragproxy._npy_read_array(path)) == list(data)
-    ragproxy._npy_write_array(path, array.array("f", [0.5, 1.5, -2.0, 8.0, 0.0, 1.0]),
+    assert list(npy.npy_read_array(path)) == list(data)
+    npy.npy_write_array(path, array.array("f", [0.5, 1.5, -2.0, 8.0, 0.0, 1.0]),
                               shape=(2, 3), fsync=False)
-    data, shape = ragproxy._npy_read_flat(path)
+    data, shape = npy.npy_read_flat(path)
     assert (data.typecode, shape, list(data)) == ("f", (2, 3), [0.5, 1.5, -2.0, 8.0, 0.0, 1.0])
     with open(path, "rb") as f:
         head = f.read(10)
@@ -387,27 +388,27 @@ def test_npy_round_trip_without_numpy(tmp_path, pure):
     assert head[:8] == b"\x93NUMPY\x01\x00"
     assert (10 + struct.unpack("<H", head[8:10])[0]) % 64 == 0
     with pytest.raises(ValueError):
-        ragproxy._npy_write_array(path, [1.5], "<f8")
+        npy.npy_write_array(path, [1.5], "<f8")
     with pytest.raises(ValueError):
-        ragproxy._npy_write_array(path, [1, 2, 3], "i", shape=(2, 2))
+        npy.npy_write_array(path, [1, 2, 3], "i", shape=(2, 2))
 
 
 @needs_numpy
 def test_npy_files_interoperate_with_numpy(tmp_path, monkeypatch):
     ours = str(tmp_path / "ours.npy")
     with monkeypatch.context() as m:
-        m.setattr(ragproxy, "_np", None)
-        ragproxy._npy_write_array(ours, array.array("f", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        m.setattr(deps, "np", None)
+        npy.npy_write_array(ours, array.array("f", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
                                   shape=(3, 2))
     loaded = numpy.load(ours)
     assert loaded.dtype == numpy.float32 and loaded.tolist() == [[1, 2], [3, 4], [5, 6]]
-    assert ragproxy._npy_read_array(ours).tolist() == [[1, 2], [3, 4], [5, 6]]
+    assert npy.npy_read_array(ours).tolist() == [[1, 2], [3, 4], [5, 6]]
 
     theirs = str(tmp_path / "theirs.npy")
     numpy.save(theirs, numpy.arange(12, dtype="<i4").reshape(3, 4))
-    data, shape = ragproxy._npy_read_flat(theirs)
+    data, shape = npy.npy_read_flat(theirs)
     assert (shape, list(data)) == ((3, 4), list(range(12)))
-    data = ragproxy._npy_read_array(theirs)
+    data = npy.npy_read_array(theirs)
     assert isinstance(data, numpy.memmap) and data.tolist()[2] == [8, 9, 10, 11]
 
 
@@ -415,10 +416,10 @@ def test_npy_read_rejects_other_files(tmp_path):
     path = tmp_path / "x.npy"
     path.write_bytes(b"not an array")
     with pytest.raises(ragproxy.StoreError):
-        ragproxy._npy_read_flat(str(path))
+        npy.npy_read_flat(str(path))
     with pytest.raises(ragproxy.StoreError):
-        ragproxy._npy_read_array(str(path))
-    ragproxy._npy_write_array(str(path), [1, 2, 3], "<i4")
+        npy.npy_read_array(str(path))
+    npy.npy_write_array(str(path), [1, 2, 3], "<i4")
     path.write_bytes(path.read_bytes()[:-4])
     with pytest.raises(ragproxy.StoreError, match="truncated"):
-        ragproxy._npy_read_flat(str(path))
+        npy.npy_read_flat(str(path))

@@ -15,6 +15,8 @@ import openai
 import pytest
 
 import ragproxy
+from _ragproxy import deps
+from _ragproxy.upstream import _HTTPClientPool, _SocketPool
 from conftest import API_KEY, TLS_DIR, openai_for, send_slowly, tls_upstream
 
 
@@ -73,7 +75,7 @@ class ScriptedServer:
 
 @pytest.fixture(params=["socket", "http.client"])
 def pool(request):
-    made = ragproxy._SocketPool() if request.param == "socket" else ragproxy._HTTPClientPool()
+    made = _SocketPool() if request.param == "socket" else _HTTPClientPool()
     yield made
     made.close()
 
@@ -150,7 +152,7 @@ def test_chunked_bodies_decode_alike_however_they_arrive(pool, serve, trickle):
 
 
 def test_chunks_that_arrive_together_leave_in_one_read():
-    pool = ragproxy._SocketPool()
+    pool = _SocketPool()
     ready = threading.Event()
 
     def script(n, conn, req):
@@ -178,7 +180,7 @@ def test_chunks_that_arrive_together_leave_in_one_read():
     b"f" * 9000,                               # a size line that never ends
 ], ids=["negative", "0x-prefix", "no-crlf", "cut-short", "endless-line"])
 def test_malformed_chunked_bodies_fail_cleanly(serve, body):
-    pool = ragproxy._SocketPool()
+    pool = _SocketPool()
     server = serve(lambda n, conn, req: (conn.sendall(_CHUNKED_HEAD + body), "close")[1])
     try:
         resp = call(pool, server.url + "/s")
@@ -189,7 +191,7 @@ def test_malformed_chunked_bodies_fail_cleanly(serve, body):
 
 
 def test_bytes_after_a_chunked_body_keep_the_connection_out_of_the_pool(serve):
-    pool = ragproxy._SocketPool()
+    pool = _SocketPool()
     server = serve(lambda n, conn, req: conn.sendall(_CHUNKED_HEAD + b"2\r\nhi\r\n0\r\n\r\nGARBAGE"))
     try:
         for _ in range(2):
@@ -272,7 +274,7 @@ def test_socket_pool_timeouts_on_every_kind_of_wait(timeouts, serve):
         time.sleep(1.5)
         return "close"
     server = serve(script)
-    pool = ragproxy._SocketPool()
+    pool = _SocketPool()
     try:
         assert call(pool, server.url + "/fast", read_timeout=5.0).read_all() == b"ok"
         started = time.monotonic()
@@ -313,7 +315,7 @@ def test_unreachable_and_garbage(pool, serve):
 
 def test_header_values_cannot_inject_lines(serve):
     server = serve(lambda n, conn, req: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
-    pool = ragproxy._SocketPool()
+    pool = _SocketPool()
     try:
         with pytest.raises(ragproxy.UpstreamError):
             call(pool, server.url + "/x", headers={"x-evil": "a\r\nInjected: 1"})
@@ -360,7 +362,7 @@ def test_response_heads_parse_alike_however_they_arrive(pool, serve, trickle):
         assert [v for k, v in named if k == "x-twice"] == ["a", "b"]
         # http.client keeps trailing blanks in a value; ours strips them (RFC 9110 5.5).
         padded = resp.header("x-space")
-        assert (padded == "padded" if isinstance(pool, ragproxy._SocketPool) else padded.strip() == "padded")
+        assert (padded == "padded" if isinstance(pool, _SocketPool) else padded.strip() == "padded")
         assert resp.header("content-type") == "text/plain"
     assert server.connections == 1  # every answer was framed right, so the connection was reused
 
@@ -374,7 +376,7 @@ def test_malformed_response_heads_are_refused_however_they_arrive(serve, trickle
         b"\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
     ]
     server = serve(lambda n, conn, req: (send(conn, bad[(n - 1) % len(bad)]), "close")[1])
-    pool = ragproxy._SocketPool()
+    pool = _SocketPool()
     try:
         for _ in bad:
             with pytest.raises(ragproxy.UpstreamError) as err:
@@ -392,10 +394,10 @@ TLS = pathlib.Path(TLS_DIR)
 @pytest.fixture(params=["urllib3", "http.client"])
 def tls_library(request, monkeypatch):
     """Run a test on each client the proxy may use for https."""
-    if request.param == "urllib3" and ragproxy._urllib3 is None:
+    if request.param == "urllib3" and deps.urllib3 is None:
         pytest.skip("urllib3 disabled (RAGPROXY_PURE=1 or not installed)")
     if request.param == "http.client":
-        monkeypatch.setattr(ragproxy, "_urllib3", None)  # read when the app makes its pool
+        monkeypatch.setattr(deps, "urllib3", None)  # read when the app makes its pool
     return request.param
 
 

@@ -14,6 +14,7 @@ import random
 import pytest
 
 import ragproxy
+from _ragproxy import deps, yamlish
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "yaml")
 GOLDEN = sorted(glob.glob(os.path.join(DATA, "*.yaml")))
@@ -38,9 +39,9 @@ def pyyaml():
 def load(request, monkeypatch):
     """ragproxy.load_yaml with each backend, whatever RAGPROXY_PURE says."""
     if request.param == "pyyaml":
-        monkeypatch.setattr(ragproxy, "_yaml", pytest.importorskip("yaml"))
+        monkeypatch.setattr(deps, "yaml", pytest.importorskip("yaml"))
     else:
-        monkeypatch.setattr(ragproxy, "_yaml", None)
+        monkeypatch.setattr(deps, "yaml", None)
     return ragproxy.load_yaml
 
 
@@ -167,7 +168,7 @@ def test_malformed_in_house(text, where, fragment, pyyaml_where):
 
 @pytest.mark.parametrize("text, where, fragment, pyyaml_where", MALFORMED, ids=MALFORMED_IDS)
 def test_malformed_through_pyyaml(text, where, fragment, pyyaml_where, monkeypatch):
-    monkeypatch.setattr(ragproxy, "_yaml", pytest.importorskip("yaml"))
+    monkeypatch.setattr(deps, "yaml", pytest.importorskip("yaml"))
     with pytest.raises(ragproxy.YAMLError) as info:
         ragproxy.load_yaml(text)
     assert (info.value.line, info.value.col) == pyyaml_where
@@ -178,10 +179,10 @@ def test_malformed_through_pyyaml(text, where, fragment, pyyaml_where, monkeypat
 def test_load_yaml_uses_pyyaml_only_when_present(monkeypatch, pyyaml):
     calls = []
     real = ragproxy.parse_yaml
-    monkeypatch.setattr(ragproxy, "parse_yaml", lambda text: calls.append(text) or real(text))
-    monkeypatch.setattr(ragproxy, "_yaml", None)
+    monkeypatch.setattr(yamlish, "parse_yaml", lambda text: calls.append(text) or real(text))
+    monkeypatch.setattr(deps, "yaml", None)
     assert ragproxy.load_yaml("a: 1")[0] == {"a": 1} and calls == ["a: 1"]
-    monkeypatch.setattr(ragproxy, "_yaml", pyyaml)
+    monkeypatch.setattr(deps, "yaml", pyyaml)
     assert ragproxy.load_yaml("b: 2")[0] == {"b": 2} and calls == ["a: 1"]
 
 
@@ -281,7 +282,7 @@ def random_node(rng, depth=0):
 
 @pytest.mark.parametrize("flow_style", [False, True])
 def test_reads_back_what_pyyaml_writes(pyyaml, flow_style, monkeypatch):
-    monkeypatch.setattr(ragproxy, "_yaml", pyyaml)
+    monkeypatch.setattr(deps, "yaml", pyyaml)
     rng = random.Random(20240611 + flow_style)
     exact = 0
     for _ in range(250):
@@ -332,7 +333,7 @@ def _random_text(rng):
 
 
 def test_dump_yaml_round_trips_through_both_parsers():
-    pyyaml = pytest.importorskip("yaml") if ragproxy._yaml is not None else None
+    pyyaml = pytest.importorskip("yaml") if deps.yaml is not None else None
     rng = random.Random(20261129)
     for _ in range(1500):
         data = {_random_text(rng) or "k": _random_value(rng) for _ in range(rng.randint(1, 4))}

@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
 """Build dist/ragproxy.pyz, a single-file zipapp of ragproxy and its vendored packages.
 
-    python3 tools/build_pyz.py [--out PATH]
+    python3 tools/build_pyz.py [--out PATH] [--root CHECKOUT]
 
-The archive holds ragproxy.py, vendored/** and static/** (when present) and a
-__main__.py that runs ragproxy.main().  It is reproducible: the same sources
-give the same bytes, whoever builds them and when.  Entry timestamps come from
-SOURCE_DATE_EPOCH (default 315532800, 1980-01-01, the earliest a zip can say).
-Standard library only; runs on Python 3.9+.
+The archive holds ragproxy.py, the _ragproxy package, vendored/** and
+static/** (when present), and a __main__.py made from tools/pyz_main.py: it
+extracts the archive once per build into a cache directory and runs
+ragproxy.main() from there, so the code is compiled once, not on every start.
+The archive is reproducible: the same sources give the same bytes, whoever
+builds them and when.  Entry timestamps come from SOURCE_DATE_EPOCH (default
+315532800, 1980-01-01, the earliest a zip can say).  Standard library only;
+runs on Python 3.9+.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import os
+import re
 import sys
 import tempfile
 import time
@@ -22,9 +26,12 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z
 SHEBANG = b"#!/usr/bin/env python3\n"
-MAIN_PY = b"import sys, ragproxy\nsys.exit(ragproxy.main())\n"
-# Trees packed recursively, if they exist; ragproxy.py is required.
-TREES = ("vendored", "static")
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyz_main.py")
+PACKAGE = "_ragproxy"
+# Trees packed recursively, if they exist; ragproxy.py and the package are required.
+TREES = (PACKAGE, "vendored", "static")
+# What an extracted copy must hold to be run (the bootstrap's PACKAGE_FILES).
+_CODE_TREES = ("ragproxy.py", PACKAGE + "/", "static/")
 _SKIP_DIRS = {"__pycache__"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 _FILE_MODE = 0o100644  # regular file, rw-r--r--, the same on every build machine
@@ -53,7 +60,7 @@ def collect(root):
     """Return sorted [(archive name, absolute path)] of the files to pack from *root*."""
     main_file = os.path.join(root, "ragproxy.py")
     if not os.path.isfile(main_file):
-        raise BuildError("%s not found (build it with parts/assemble.py first?)" % main_file)
+        raise BuildError("%s not found: --root must be a ragproxy checkout" % main_file)
     members = [("ragproxy.py", main_file)]
     for tree in TREES:
         top = os.path.join(root, tree)
@@ -86,7 +93,7 @@ def build(out, root=ROOT, epoch=None):
     date_time = time.gmtime(epoch)[:6]
     members = collect(root)
     entries = [(name, _read(path)) for name, path in members]
-    entries.append(("__main__.py", MAIN_PY))
+    entries.append(("__main__.py", bootstrap(entries, package_version(root))))
     entries.sort()
 
     out = os.path.abspath(out)
@@ -111,6 +118,35 @@ def build(out, root=ROOT, epoch=None):
     return out, len(blob), hashlib.sha256(blob).hexdigest()
 
 
+def package_version(root):
+    """``__version__`` of the checkout's package, read without importing it."""
+    init = os.path.join(root, PACKAGE, "__init__.py")
+    try:
+        found = re.search(r'^__version__ = "([^"]+)"$', _read(init).decode("utf-8"), re.M)
+    except OSError:
+        raise BuildError("%s not found: --root must be a ragproxy checkout" % init) from None
+    if found is None:
+        raise BuildError("%s does not set __version__" % init)
+    return found.group(1)
+
+
+def bootstrap(entries, version):
+    """tools/pyz_main.py with this build's version, digest and package files filled in."""
+    digest = hashlib.sha256()
+    for name, data in sorted(entries):
+        digest.update(b"%d:%s\0%d:" % (len(name), name.encode("utf-8"), len(data)))
+        digest.update(data)
+    code = tuple(name for name, _ in sorted(entries) if name.startswith(_CODE_TREES))
+    source = _read(BOOTSTRAP).decode("utf-8")
+    for placeholder, value in (('VERSION = "0"', "VERSION = %r" % version),
+                               ('BUILD = "unbuilt"', "BUILD = %r" % digest.hexdigest()[:16]),
+                               ("PACKAGE_FILES = ()", "PACKAGE_FILES = %r" % (code,))):
+        if source.count("\n" + placeholder + "\n") != 1:
+            raise BuildError("%s: expected one line %r" % (BOOTSTRAP, placeholder))
+        source = source.replace("\n" + placeholder + "\n", "\n" + value + "\n")
+    return source.encode("utf-8")
+
+
 def _read(path):
     with open(path, "rb") as fh:
         return fh.read()
@@ -121,7 +157,7 @@ def main(argv=None):
     parser.add_argument("--out", default=os.path.join(ROOT, "dist", "ragproxy.pyz"),
                         help="where to write the archive (default: %(default)s)")
     parser.add_argument("--root", default=ROOT,
-                        help="directory holding ragproxy.py, vendored/, static/ (default: %(default)s)")
+                        help="checkout holding ragproxy.py, _ragproxy/, vendored/, static/ (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         path, size, digest = build(args.out, args.root, epoch_from_env())

@@ -1,0 +1,871 @@
+"""admin: TODO docstring."""
+from __future__ import annotations
+
+import base64
+import collections
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import threading
+import time
+import urllib.parse
+
+from . import __version__, deps
+from .api import ClientError, Response, json_bytes, json_response
+from .config import KB_NAME, ConfigError, copy_default
+from .docfolder import read_manifest
+from .embeddings import EmbeddingClient, EmbeddingError, RerankClient, RerankError
+from .files import remove_leftover_dirs
+from .jsonbody import json_object_of
+from .kb import valid_kb_name
+from .uploads import UploadError, UploadLimits, Uploads
+from .upstream import UpstreamError
+
+log = logging.getLogger("ragproxy")
+
+
+_TOKEN_HEAD = {"alg": "HS256", "typ": "JWT"}
+_TOKEN_AUDIENCE = "ragproxy-admin"
+_PROVIDER_KINDS = ("llm", "embedding", "rerank")
+_PROVIDER_NAME = KB_NAME
+_PANEL_HEADERS = [
+    ("Content-Type", "text/html; charset=utf-8"),
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+    ("X-Frame-Options", "DENY"),
+    # Everything the panel needs is inline or same-origin; nothing else may load.
+    ("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                                "img-src data:; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; "
+                                "base-uri 'none'"),
+]
+
+
+def _b64url(data):
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _b64url_decode(text):
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def issue_token(secret, claims):
+    """A compact JWS (JWT, HS256) over ``claims``."""
+    signing_input = _b64url(json_bytes(_TOKEN_HEAD)) + "." + _b64url(json_bytes(claims))
+    signature = hmac.new(secret.encode("utf-8"), signing_input.encode("ascii"), hashlib.sha256).digest()
+    return signing_input + "." + _b64url(signature)
+
+
+def verify_token(secret, token, now, audience=_TOKEN_AUDIENCE):
+    """The claims of a genuine, unexpired token for ``audience``; None for anything else.
+
+    The header must say HS256 exactly: a token that names another algorithm
+    ("none" included) is refused, not verified some other way.
+    """
+    parts = token.split(".")
+    if len(parts) != 3 or not all(parts):
+        return None
+    signing_input = (parts[0] + "." + parts[1]).encode("ascii", "replace")
+    expected = hmac.new(secret.encode("utf-8"), signing_input, hashlib.sha256).digest()
+    try:
+        if not hmac.compare_digest(_b64url_decode(parts[2]), expected):
+            return None  # checked first: nothing from an unsigned token is parsed
+        header = json.loads(_b64url_decode(parts[0]))
+        claims = json.loads(_b64url_decode(parts[1]))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if header != _TOKEN_HEAD or not isinstance(claims, dict):
+        return None
+    expires = claims.get("exp")
+    if not isinstance(expires, (int, float)) or isinstance(expires, bool) or now >= expires:
+        return None
+    if claims.get("aud") != audience:
+        return None
+    return claims
+
+
+class _LoginThrottle:
+    """Slows down key guessing per client address.
+
+    The first ``free`` failures within ``window`` seconds cost nothing; each
+    further one doubles the wait before the next attempt (up to ``max_wait``).
+    """
+
+    def __init__(self, clock, free=5, window=900.0, max_wait=300.0, max_clients=10_000):
+        self.clock, self.free, self.window, self.max_wait = clock, free, window, max_wait
+        self.max_clients = max_clients
+        self._lock = threading.Lock()
+        self._clients = collections.OrderedDict()  # client -> [failures, last failure, blocked until]
+
+    def wait(self, client):
+        """Seconds ``client`` must wait before its next attempt (0: go ahead)."""
+        with self._lock:
+            state = self._clients.get(client)
+            return max(0.0, state[2] - self.clock()) if state else 0.0
+
+    def failed(self, client):
+        now = self.clock()
+        with self._lock:
+            state = self._clients.pop(client, None)
+            if state is None or now - state[1] > self.window:
+                state = [0, now, 0.0]
+            state[0] += 1
+            state[1] = now
+            if state[0] >= self.free:
+                state[2] = now + min(self.max_wait, 2.0 ** (state[0] - self.free))
+            self._clients[client] = state
+            while len(self._clients) > self.max_clients:  # a flood of addresses must not eat memory
+                self._clients.popitem(last=False)
+
+    def succeeded(self, client):
+        with self._lock:
+            self._clients.pop(client, None)
+
+
+def _mask_secret(value):
+    """What the panel shows of a stored key: enough to recognise it, not to use it."""
+    if not value:
+        return ""
+    if "${" in value:
+        return value  # an environment reference, not the secret itself
+    if len(value) <= 8:
+        return "\u2022" * 8
+    return value[:3] + "\u2022" * 4 + value[-4:]
+
+
+def _json_object(request):
+    """The admin request's JSON object; no body counts as ``{}``."""
+    return json_object_of(request.body) if request.body else {}
+
+
+def _query_params(request):
+    try:
+        return dict(urllib.parse.parse_qsl(request.query, keep_blank_values=True, strict_parsing=False))
+    except ValueError as exc:
+        raise ClientError(400, f"bad query string: {exc}") from None
+
+
+def _int_param(params, name, default, low, high):
+    text = params.get(name)
+    if text in (None, ""):
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ClientError(400, f"'{name}' must be an integer") from None
+    return min(high, max(low, value))
+
+
+def _float_param(params, name):
+    text = params.get(name)
+    if text in (None, ""):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ClientError(400, f"'{name}' must be a number") from None
+    if not math.isfinite(value):
+        raise ClientError(400, f"'{name}' must be a finite number")
+    return value
+
+
+def _config_error_response(exc, with_lines=True):
+    errors = [{"path": path or None, "line": line if with_lines else None, "message": message}
+              for path, line, message in exc.errors]
+    first = errors[0] if errors else {"path": None, "line": None, "message": str(exc)}
+    where = (f"line {first['line']}: " if first["line"] else "") + (f"{first['path']}: " if first["path"] else "")
+    summary = where + first["message"] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+    return json_response(400, {"error": {"message": "invalid configuration: " + summary,
+                                          "type": "invalid_request_error", "code": "invalid_config",
+                                          "errors": errors}})
+
+
+@dataclasses.dataclass(frozen=True)
+class _AdminRoute:
+    method: str
+    pattern: str          # "kbs/{kb}/files": segments after /admin/api/
+    handler: str          # Admin method name
+    summary: str
+    public: bool = False  # reachable without a session token
+
+
+_ADMIN_ROUTES = (
+    _AdminRoute("POST", "login", "login", "Exchange the panel secret key for a session token", public=True),
+    _AdminRoute("GET", "session", "session", "The current session token's expiry"),
+    _AdminRoute("GET", "openapi.json", "openapi", "This document"),
+    _AdminRoute("GET", "overview", "overview", "Version, features, models and knowledge bases"),
+    _AdminRoute("GET", "providers", "list_providers", "Every provider, keys masked"),
+    _AdminRoute("POST", "providers/{kind}", "create_provider", "Add a provider (kind: llm, embedding, rerank)"),
+    _AdminRoute("PUT", "providers/{kind}/{name}", "update_provider", "Change a provider's settings"),
+    _AdminRoute("DELETE", "providers/{kind}/{name}", "delete_provider", "Remove a provider"),
+    _AdminRoute("POST", "providers/{kind}/{name}/test", "test_provider",
+                "Call the provider once; latency and the error text"),
+    _AdminRoute("GET", "models", "list_models", "The model mappings, in order"),
+    _AdminRoute("POST", "models", "create_model", "Add a model mapping"),
+    _AdminRoute("PUT", "models/{name}", "update_model", "Change a model mapping"),
+    _AdminRoute("DELETE", "models/{name}", "delete_model", "Remove a model mapping"),
+    _AdminRoute("GET", "kbs", "list_kbs", "Knowledge bases with counts, size and indexing state"),
+    _AdminRoute("POST", "kbs", "create_kb", "Create a knowledge base"),
+    _AdminRoute("GET", "kbs/{kb}", "get_kb", "One knowledge base"),
+    _AdminRoute("PUT", "kbs/{kb}", "update_kb", "Change a knowledge base's settings"),
+    _AdminRoute("DELETE", "kbs/{kb}", "delete_kb", "Delete a knowledge base, its index and its uploads"),
+    _AdminRoute("POST", "kbs/{kb}/reindex", "reindex_kb", "Re-index now (incremental, or full)"),
+    _AdminRoute("GET", "kbs/{kb}/files", "list_files", "Indexed and uploaded files"),
+    _AdminRoute("DELETE", "kbs/{kb}/files", "delete_file", "Delete an uploaded file (?source=)"),
+    _AdminRoute("GET", "kbs/{kb}/chunks", "list_chunks", "Chunks of one file (?source=&offset=&limit=)"),
+    _AdminRoute("POST", "kbs/{kb}/upload", "upload", "Upload files, folders and archives (multipart/form-data)"),
+    _AdminRoute("POST", "kbs/{kb}/search", "search_kb",
+                "Retrieval test: per chunk the lexical, dense, fused and rerank scores"),
+    _AdminRoute("GET", "logs", "list_logs", "The request log, newest first, filtered"),
+    _AdminRoute("GET", "logs/{id}", "get_log", "One logged request and the chunks it injected"),
+    _AdminRoute("GET", "stats", "stats", "Volume, hit rate, latency, hourly trend, per model and per KB"),
+    _AdminRoute("GET", "settings", "get_settings", "config.yaml as text"),
+    _AdminRoute("PUT", "settings", "put_settings", "Replace config.yaml (validated first; previous file kept)"),
+    _AdminRoute("POST", "settings/validate", "validate_settings", "Validate config.yaml text without saving"),
+)
+
+
+def _refuse_traversal(name, what):
+    """A name from a URL must not climb out of where it is used: 400, before anything is looked up."""
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith(("/", "\\")) or any(p in (".", "..") for p in parts) or "\0" in name \
+            or re.match(r"[A-Za-z]:[\\/]", name):
+        raise ClientError(400, f"{what} {name!r} is not allowed: no '..', '.', absolute paths or NUL",
+                          "invalid_name")
+    return name
+
+
+def _match_admin_route(method, rest):
+    """``(route, params)`` for ``rest`` (the path after /admin/api/); ClientError 400/404/405 otherwise."""
+    segments = [_refuse_traversal(urllib.parse.unquote(raw, errors="strict"), "path segment")
+                for raw in rest.split("/")]
+    allowed = []
+    for route in _ADMIN_ROUTES:
+        pattern = route.pattern.split("/")
+        if len(pattern) != len(segments):
+            continue
+        params = {}
+        for want, got in zip(pattern, segments):
+            if want.startswith("{") and got:
+                params[want[1:-1]] = got
+            elif want != got:
+                break
+        else:
+            if route.method == method:
+                return route, params
+            allowed.append(route.method)
+    if allowed:
+        raise ClientError(405, f"{method} is not allowed here (use {', '.join(sorted(set(allowed)))})",
+                          "method_not_allowed", headers=[("Allow", ", ".join(sorted(set(allowed))))])
+    raise ClientError(404, f"no such admin endpoint: {method} /admin/api/{rest}", "not_found")
+
+
+def _panel_html():
+    """static/panel.html beside the package (a checkout, the .pyz or its extracted copy); None if absent."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with contextlib.suppress(OSError):
+        # The package's own loader reads files from a directory and from inside a zip alike.
+        return __loader__.get_data(os.path.join(root, "static", "panel.html"))
+    return None
+
+
+class Admin:
+    """The admin API and the panel; attached to an App with ``app.admin = Admin(...)``."""
+
+    def __init__(self, app, secret_key, config_file, clock=None, rng=None):
+        if not secret_key:
+            raise ValueError("the admin API needs a secret key")
+        self.app = app
+        self.secret_key = secret_key
+        self.config_file = config_file
+        self.clock = clock or app.clock
+        self.rng = rng or app.rng
+        self.throttle = _LoginThrottle(self.clock, free=app.config.raw["admin"]["max_login_failures"])
+        self.uploads = Uploads(clock=self.clock)  # one per process: its locks order manifest updates
+
+    # -- entry point --------------------------------------------------------
+
+    def handle(self, request, path):
+        if path in ("/", "/panel") and request.method in ("GET", "HEAD"):
+            html = _panel_html()
+            if html is None:
+                raise ClientError(404, "the web panel (static/panel.html) is not installed beside ragproxy.py")
+            return Response(200, list(_PANEL_HEADERS), b"" if request.method == "HEAD" else html)
+        if not path.startswith("/admin/api/"):
+            raise ClientError(404, f"no such endpoint: {request.method} {path}", "not_found")
+        try:
+            route, params = _match_admin_route(request.method, path[len("/admin/api/"):])
+        except UnicodeDecodeError:
+            raise ClientError(400, "the path is not valid UTF-8 once decoded") from None
+        if not route.public:
+            self._check_token(request)
+        try:
+            return getattr(self, route.handler)(request, **params)
+        except ConfigError as exc:
+            return _config_error_response(exc, with_lines=route.handler.endswith("_settings"))
+
+    def _check_token(self, request):
+        auth = request.headers.get("authorization", "")
+        if auth[:7].lower() != "bearer " or not auth[7:].strip():
+            raise ClientError(401, "admin endpoints need 'Authorization: Bearer <token>' from POST /admin/api/login",
+                              "invalid_token", headers=[("WWW-Authenticate", 'Bearer realm="ragproxy-admin"')])
+        claims = verify_token(self.secret_key, auth[7:].strip(), self.clock())
+        if claims is None:
+            raise ClientError(401, "the session token is invalid or has expired; log in again", "invalid_token",
+                              headers=[("WWW-Authenticate", 'Bearer realm="ragproxy-admin", error="invalid_token"')])
+        return claims
+
+    def wants_body_stream(self, method, path):
+        """True for uploads: their bodies go to disk as they arrive instead of into memory."""
+        return method == "POST" and path.startswith("/admin/api/kbs/") and path.endswith("/upload")
+
+    # -- session ------------------------------------------------------------
+
+    def login(self, request):
+        client = request.client or "?"
+        wait = self.throttle.wait(client)
+        if wait > 0:
+            raise ClientError(429, f"too many failed logins; try again in {math.ceil(wait)} s", "rate_limited",
+                              headers=[("Retry-After", str(math.ceil(wait)))])
+        key = _json_object(request).get("key")
+        if not isinstance(key, str) or not hmac.compare_digest(key.encode("utf-8"),
+                                                               self.secret_key.encode("utf-8")):
+            self.throttle.failed(client)
+            log.warning("admin login failed from %s", client)
+            raise ClientError(401, "wrong panel key (it is in DATA_DIR/config/secret_key.yaml, or "
+                                   "RAGPROXY_SECRET_KEY)", "invalid_key")
+        self.throttle.succeeded(client)
+        now = self.clock()
+        ttl = float(self.app.config.raw["admin"]["token_ttl"])
+        expires = int(now + ttl)
+        token = issue_token(self.secret_key, {"sub": "admin", "aud": _TOKEN_AUDIENCE, "iat": int(now),
+                                              "exp": expires, "jti": "%032x" % self.rng.getrandbits(128)})
+        return json_response(200, {"token": token, "token_type": "Bearer", "expires_at": expires,
+                                    "expires_in": int(ttl)})
+
+    def session(self, request):
+        claims = self._check_token(request)
+        return json_response(200, {"subject": claims.get("sub"), "expires_at": claims.get("exp")})
+
+    def overview(self, request):
+        config = self.app.config
+        return json_response(200, {
+            "version": __version__, "features": deps.FEATURES, "uptime_s": round(self.clock() - self.app.started, 3),
+            "models": [route.name for route in config.models], "kbs": sorted(config.knowledge_bases),
+            "config_path": self.config_file.path, "request_log": self.app.request_log is not None})
+
+    def openapi(self, request):
+        return json_response(200, _openapi_document())
+
+    # -- config changes -----------------------------------------------------
+
+    def _change(self, change):
+        """Apply ``change(data)`` to config.yaml and switch the running proxy to the result."""
+        config = self.config_file.update(change)
+        self.app.reload(config)
+        return config
+
+    # -- providers ----------------------------------------------------------
+
+    @staticmethod
+    def _provider_view(name, spec):
+        view = {"name": name, **copy_default(spec)}
+        view["has_api_key"] = bool(spec.get("api_key"))
+        view["api_key"] = _mask_secret(spec.get("api_key", ""))
+        return view
+
+    def list_providers(self, request):
+        raw = self.app.config.raw["providers"]
+        return json_response(200, {kind: [self._provider_view(name, spec) for name, spec in raw[kind].items()]
+                                    for kind in _PROVIDER_KINDS})
+
+    @staticmethod
+    def _kind(kind):
+        if kind not in _PROVIDER_KINDS:
+            raise ClientError(404, f"no provider kind {kind!r} (use llm, embedding or rerank)", "not_found")
+        return kind
+
+    def _existing_provider(self, kind, name):
+        providers = self.app.config.raw["providers"][self._kind(kind)]
+        if name not in providers:
+            raise ClientError(404, f"no {kind} provider {name!r}", "not_found")
+        return providers[name]
+
+    def create_provider(self, request, kind):
+        kind = self._kind(kind)
+        body = _json_object(request)
+        name = body.pop("name", None)
+        if not isinstance(name, str) or not _PROVIDER_NAME.match(name):
+            raise ClientError(400, "'name' is required: letters, digits, '_', '-' and '.' (64 at most)")
+
+        def change(data):
+            providers = _config_map(data, "providers", kind)
+            if name in providers:
+                raise ClientError(409, f"a {kind} provider named {name!r} exists already", "conflict")
+            providers[name] = body
+
+        config = self._change(change)
+        return json_response(201, self._provider_view(name, config.raw["providers"][kind][name]))
+
+    def update_provider(self, request, kind, name):
+        stored = self._existing_provider(kind, name)
+        body = _json_object(request)
+        body.pop("name", None)
+        if body.get("api_key") in (None, _mask_secret(stored.get("api_key", ""))) and stored.get("api_key"):
+            body.pop("api_key", None)  # the panel sends back the masked key unchanged
+
+        def change(data):
+            providers = _config_map(data, "providers", kind)
+            if not isinstance(providers.get(name), dict):
+                raise ClientError(404, f"no {kind} provider {name!r} in the config file", "not_found")
+            providers[name].update(body)
+
+        config = self._change(change)
+        return json_response(200, self._provider_view(name, config.raw["providers"][kind][name]))
+
+    def delete_provider(self, request, kind, name):
+        self._existing_provider(kind, name)
+
+        def change(data):
+            _config_map(data, "providers", kind).pop(name, None)
+
+        self._change(change)
+        return json_response(200, {"deleted": name})
+
+    def test_provider(self, request, kind, name):
+        self._existing_provider(kind, name)
+        _json_object(request)  # takes no fields, but a garbled body is still an error
+        provider = self.app.config.providers[kind][name]
+        started = time.perf_counter()
+        status, error, detail = None, None, ""
+        try:
+            status, detail = self._probe_provider(kind, provider)
+        except (UpstreamError, EmbeddingError, RerankError) as exc:
+            error = str(exc)
+            status = getattr(exc, "status", None)
+        latency = (time.perf_counter() - started) * 1000.0
+        ok = error is None and status is not None and status < 400
+        if error is None and not ok:
+            error = f"HTTP {status}: {detail}"
+        return json_response(200, {"ok": ok, "latency_ms": round(latency, 2), "status": status,
+                                    "error": error, "detail": detail})
+
+    def _probe_provider(self, kind, provider):
+        """One cheap real call: ``(status, what it said)``."""
+        if kind == "embedding":
+            client = EmbeddingClient(provider, self.app.http, batch_size=1, max_concurrency=1)
+            vectors = client.embed_query("ragproxy connection test")
+            return 200, f"{len(vectors)}-dimensional embeddings from {provider.model or 'the default model'}"
+        if kind == "rerank":
+            order = RerankClient(provider, self.app.http).rerank("connection test", ["connection", "test"], 2)
+            return 200, f"reranked {len(order)} documents"
+        status, body, names = self.app.upstream_models(provider, 5.0, 10.0)
+        if status >= 400:
+            return status, body[:500].decode("utf-8", "replace")
+        if names is None:
+            return status, "answered, but not with a model list"
+        return status, f"{len(names)} models" + (": " + ", ".join(names[:10]) if names else "")
+
+    # -- model mappings -----------------------------------------------------
+
+    def list_models(self, request):
+        return json_response(200, {"models": copy_default(self.app.config.raw["models"])})
+
+    def _model_index(self, models, name):
+        for i, entry in enumerate(models):
+            if isinstance(entry, dict) and entry.get("name") == name:
+                return i
+        raise ClientError(404, f"no model mapping named {name!r}", "not_found")
+
+    def _model_view(self, config, name):
+        return next(m for m in config.raw["models"] if m["name"] == name)
+
+    def create_model(self, request):
+        body = _json_object(request)
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise ClientError(400, "'name' is required (a model name or a glob such as 'claude-*')")
+
+        def change(data):
+            models = _config_list(data, "models")
+            if any(isinstance(m, dict) and m.get("name") == name for m in models):
+                raise ClientError(409, f"a model mapping named {name!r} exists already", "conflict")
+            # A new mapping goes before the catch-all, where a reader expects it.
+            at = next((i for i, m in enumerate(models) if isinstance(m, dict) and m.get("name") == "*"),
+                      len(models))
+            models.insert(at, body)
+
+        return json_response(201, self._model_view(self._change(change), name))
+
+    def update_model(self, request, name):
+        body = _json_object(request)
+        self._model_index(self.app.config.raw["models"], name)
+        new_name = body.get("name", name)
+
+        def change(data):
+            models = _config_list(data, "models")
+            models[self._model_index(models, name)].update(body)
+
+        return json_response(200, self._model_view(self._change(change), new_name))
+
+    def delete_model(self, request, name):
+        self._model_index(self.app.config.raw["models"], name)
+
+        def change(data):
+            models = _config_list(data, "models")
+            del models[self._model_index(models, name)]
+
+        self._change(change)
+        return json_response(200, {"deleted": name})
+
+    # -- knowledge bases ----------------------------------------------------
+
+    def _kb(self, name):
+        if not valid_kb_name(name):
+            raise ClientError(400, f"invalid knowledge base name {name!r}: letters, digits, '_', '-' and '.' "
+                                   "(64 at most, starting with a letter or digit)", "invalid_name")
+        kbs = self.app.knowledge_bases
+        kb = kbs.get(name) if kbs is not None else None
+        if kb is None:
+            raise ClientError(404, f"no knowledge base {name!r}", "not_found")
+        return kb
+
+    def _kb_view(self, kb):
+        return {**kb.stats(), "config": copy_default(self.app.config.knowledge_bases.get(kb.spec.name, {})),
+                "documents_dir": kb.documents_dir}
+
+    def list_kbs(self, request):
+        kbs = self.app.knowledge_bases
+        items = [self._kb_view(kb) for _, kb in sorted(kbs.kbs.items())] if kbs is not None else []
+        return json_response(200, {"kbs": items})
+
+    def get_kb(self, request, kb):
+        return json_response(200, self._kb_view(self._kb(kb)))
+
+    def create_kb(self, request):
+        body = _json_object(request)
+        name = body.pop("name", None)
+        if not valid_kb_name(name):
+            raise ClientError(400, "'name' is required: letters, digits, '_', '-' and '.' (64 at most, "
+                                   "starting with a letter or digit)", "invalid_name")
+
+        def change(data):
+            kbs = _config_map(data, "knowledge_bases")
+            if name in kbs:
+                raise ClientError(409, f"a knowledge base named {name!r} exists already", "conflict")
+            kbs[name] = body
+
+        self._change(change)
+        kb = self._kb(name)
+        os.makedirs(kb.documents_dir, exist_ok=True)
+        self.app.knowledge_bases.request_index(name)
+        return json_response(201, self._kb_view(kb))
+
+    def update_kb(self, request, kb):
+        name = self._kb(kb).spec.name
+        body = _json_object(request)
+        body.pop("name", None)
+
+        def change(data):
+            entry = _config_map(data, "knowledge_bases").get(name)
+            if not isinstance(entry, dict):
+                raise ClientError(404, f"knowledge base {name!r} is not in the config file", "not_found")
+            for key, value in body.items():
+                if isinstance(value, dict) and isinstance(entry.get(key), dict):
+                    entry[key].update(value)  # chunking, bm25, weights: change only what was sent
+                else:
+                    entry[key] = value
+
+        self._change(change)
+        self.app.knowledge_bases.request_index(name)
+        return json_response(200, self._kb_view(self._kb(name)))
+
+    def delete_kb(self, request, kb):
+        old = self._kb(kb)
+        name = old.spec.name
+
+        def change(data):
+            _config_map(data, "knowledge_bases").pop(name, None)
+
+        self._change(change)
+        # Move aside first (one rename each), then delete: a reader or the
+        # indexer that still holds the old KB never sees a half-deleted tree.
+        for path in (old.root, old.documents_dir):
+            if os.path.isdir(path):
+                trash = os.path.join(os.path.dirname(path), f"{_DELETED_PREFIX}{name}-{self.rng.getrandbits(32):08x}")
+                os.replace(path, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+        return json_response(200, {"deleted": name})
+
+    def reindex_kb(self, request, kb):
+        name = self._kb(kb).spec.name
+        full = _json_object(request).get("full", False)
+        if not isinstance(full, bool):
+            raise ClientError(400, "'full' must be true or false")
+        self.app.knowledge_bases.request_index(name, full=full)
+        return json_response(202, {"queued": True, "full": full})
+
+    def list_files(self, request, kb):
+        kb = self._kb(kb)
+        generation, _ = kb.current()
+        uploaded = read_manifest(kb.documents_dir)
+        prefix = kb.spec.name + "/"
+        files, seen = [], set()
+        for source, entry in sorted((generation.manifest if generation else {}).items()):
+            stored = source[len(prefix):] if source.startswith(prefix) else None
+            upload = uploaded.get(stored) if stored else None
+            seen.add(stored)
+            files.append({"source": source, "path": source, "name": upload["name"] if upload else source,
+                          "size": entry.get("size"), "chunks": len(entry.get("chunk_ids", ())),
+                          "sha256": entry.get("hash"), "uploaded": upload is not None,
+                          "uploaded_at": upload.get("uploaded_at") if upload else None})
+        for stored, upload in sorted(uploaded.items()):
+            if stored not in seen:  # uploaded, not indexed yet
+                files.append({"source": prefix + stored, "path": prefix + stored, "name": upload["name"],
+                              "size": upload.get("size"), "chunks": None, "sha256": upload.get("sha256"),
+                              "uploaded": True, "uploaded_at": upload.get("uploaded_at")})
+        return json_response(200, {"files": files})
+
+    def list_chunks(self, request, kb):
+        kb = self._kb(kb)
+        params = _query_params(request)
+        source = _refuse_traversal(params.get("source", ""), "source")
+        generation, _ = kb.current()
+        entry = generation.manifest.get(source) if generation is not None else None
+        if entry is None:
+            raise ClientError(404, f"no indexed file {source!r} in {kb.spec.name!r}", "not_found")
+        offset = _int_param(params, "offset", 0, 0, 10**9)
+        limit = _int_param(params, "limit", 50, 1, 500)
+        ids = entry.get("chunk_ids", [])
+        if "row" in entry:
+            rows = list(range(entry["row"], entry["row"] + len(ids)))[offset:offset + limit]
+        else:
+            rows = generation.rows_for_ids(ids[offset:offset + limit])
+        chunks = [{"id": c.get("id"), "row": row, "ordinal": offset + i, "title": c.get("title") or None,
+                   "text": c.get("text", "")}
+                  for i, (row, c) in enumerate(zip(rows, generation.chunks.get_many(rows)))]
+        return json_response(200, {"source": source, "total": len(ids), "offset": offset, "chunks": chunks})
+
+    def delete_file(self, request, kb):
+        kb = self._kb(kb)
+        source = _refuse_traversal(_query_params(request).get("source", ""), "source")
+        prefix = kb.spec.name + "/"
+        stored = source[len(prefix):] if source.startswith(prefix) else ""
+        if not stored or stored not in read_manifest(kb.documents_dir):
+            raise ClientError(400, f"{source!r} is not an uploaded document of {kb.spec.name!r}; files from "
+                                   "configured sources are removed at their source", "not_uploaded")
+        self.uploads.remove(kb.documents_dir, stored)
+        self.app.knowledge_bases.request_index(kb.spec.name)
+        return json_response(200, {"deleted": source})
+
+    def upload(self, request, kb):
+        kb = self._kb(kb)
+        if request.stream is None:
+            raise ClientError(400, "uploads need a request body (multipart/form-data)")
+        caps = self.app.config.raw["uploads"]
+        limits = UploadLimits(max_file_bytes=caps["max_file_bytes"], max_files=caps["max_files"],
+                              max_total_bytes=caps["max_total_bytes"], max_ratio=caps["max_ratio"])
+        length = request.headers.get("content-length", "")
+        try:
+            result = self.uploads.ingest(request.stream, request.headers.get("content-type", ""),
+                                         int(length) if length.isdigit() else None, kb.documents_dir, limits)
+        except UploadError as exc:
+            raise ClientError(exc.status, exc.message, "upload_rejected") from None
+        self.app.knowledge_bases.request_index(kb.spec.name)
+        log.info("kb %s: %d file(s) uploaded from %s, %d skipped", kb.spec.name, len(result["stored"]),
+                 request.client, len(result["skipped"]))
+        return json_response(201, result)
+
+    def search_kb(self, request, kb):
+        kb = self._kb(kb)
+        body = _json_object(request)
+        query = body.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise ClientError(400, "'query' is required")
+        top_k = body.get("top_k", 10)
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= 100:
+            raise ClientError(400, "'top_k' must be an integer from 1 to 100")
+        mode = body.get("mode") or kb.spec.retrieval
+        if mode not in ("lexical", "dense", "hybrid"):
+            raise ClientError(400, "'mode' must be lexical, dense or hybrid")
+        timings = {}
+        started = time.perf_counter()
+        try:
+            hits = kb.search(query, top_k=top_k, mode=mode, timings=timings)
+        except EmbeddingError as exc:
+            raise ClientError(502, f"{mode} search needs the embedding provider, which failed: {exc}",
+                              "embedding_failed") from None
+        if body.get("rerank") and hits and self.app.retriever is not None:
+            rerank_started = time.perf_counter()
+            hits = self.app.retriever.rerank(query, hits)
+            timings["rerank"] = time.perf_counter() - rerank_started
+        timings["total"] = time.perf_counter() - started
+        out = []
+        for rank, hit in enumerate(hits, 1):
+            chunk = hit.chunk
+            out.append({"rank": rank, "id": hit.id, "source": chunk.get("source"), "title": chunk.get("title") or None,
+                        "text": chunk.get("text", ""), "score": hit.score,
+                        "lexical": hit.scores.get("lexical"), "lexical_rank": hit.ranks.get("lexical"),
+                        "dense": hit.scores.get("dense"), "dense_rank": hit.ranks.get("dense"),
+                        "fused": hit.scores.get("fused", hit.scores.get("rrf")), "fused_rank": hit.ranks.get("fused"),
+                        "rerank": hit.scores.get("rerank")})
+        return json_response(200, {"query": query, "mode": mode, "terms": sorted(set(kb.analyzer.query_tokens(query))),
+                                    "timings_ms": {k: round(v * 1000.0, 3) for k, v in timings.items()},
+                                    "hits": out})
+
+    # -- request log --------------------------------------------------------
+
+    def _request_log(self):
+        if self.app.request_log is None:
+            raise ClientError(404, "the request log is off (no data directory)", "not_found")
+        return self.app.request_log
+
+    def list_logs(self, request):
+        params = _query_params(request)
+        limit = _int_param(params, "limit", 50, 1, 1000)
+        offset = _int_param(params, "offset", 0, 0, 10**9)
+        outcome = params.get("outcome") or None
+        entries = self._request_log().query(
+            since=_float_param(params, "since"), until=_float_param(params, "until"),
+            model=params.get("model") or None, kb=params.get("kb") or None,
+            outcome=outcome.split(",") if outcome else None, limit=limit, offset=offset)
+        return json_response(200, {"entries": entries, "limit": limit, "offset": offset})
+
+    def get_log(self, request, id):
+        if not id.isdigit():
+            raise ClientError(400, "a log entry id is a number")
+        entry = self._request_log().get(int(id))
+        if entry is None:
+            raise ClientError(404, f"no log entry {id}", "not_found")
+        entry["chunks"] = self._injected_chunks(entry)
+        return json_response(200, entry)
+
+    def _injected_chunks(self, entry):
+        """The logged chunk ids' text, from whichever of the request's KBs still has them."""
+        wanted = list(entry.get("chunk_ids") or [])
+        found = {}
+        kbs = self.app.knowledge_bases
+        for name in entry.get("kbs") or []:
+            kb = kbs.get(name) if kbs is not None else None
+            generation = kb.current()[0] if kb is not None else None
+            missing = [cid for cid in wanted if cid not in found]
+            if generation is None or not missing:
+                continue
+            rows = generation.rows_for_ids(missing)
+            for chunk in generation.chunks.get_many(rows):
+                found[chunk.get("id")] = {"id": chunk.get("id"), "kb": name, "source": chunk.get("source"),
+                                          "text": chunk.get("text", "")}
+        return [found.get(cid, {"id": cid, "kb": None, "source": None, "text": None}) for cid in wanted]
+
+    def stats(self, request):
+        hours = _int_param(_query_params(request), "hours", 24, 1, 24 * 90)
+        return json_response(200, self._request_log().stats(hours=hours))
+
+    # -- settings -----------------------------------------------------------
+
+    def _settings_text(self, request):
+        text = _json_object(request).get("text")
+        if not isinstance(text, str):
+            raise ClientError(400, "'text' (the whole config.yaml) is required")
+        return text
+
+    def get_settings(self, request):
+        try:
+            text = self.config_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ClientError(500, f"cannot read {self.config_file.path}: {exc}") from None
+        return json_response(200, {"text": text, "path": self.config_file.path})
+
+    def validate_settings(self, request):
+        self.config_file.validate(self._settings_text(request))
+        return json_response(200, {"ok": True})
+
+    def put_settings(self, request):
+        config = self.config_file.write(self._settings_text(request))
+        self.app.reload(config)
+        log.info("config.yaml replaced through the admin API from %s", request.client)
+        return json_response(200, {"ok": True, "backup": self.config_file.path + ".bak"})
+
+
+_DELETED_PREFIX = ".deleted-"
+
+
+def remove_deleted_kbs(data_dir):
+    """Finish deletions a crash interrupted: the ``.deleted-*`` folders delete_kb renamed aside.
+
+    Run at start-up, before anything can be renaming a folder aside again.
+    Returns the paths removed.
+    """
+    return [path for sub in ("vectordb", "documents")
+            for path in remove_leftover_dirs(os.path.join(data_dir, sub), _DELETED_PREFIX)]
+
+
+def _config_map(data, *keys):
+    """``data[k1][k2]...`` as a dict, created when missing; a non-mapping there is a config error."""
+    node = data
+    for key in keys:
+        if node.get(key) is None:
+            node[key] = {}
+        node = node[key]
+        if not isinstance(node, dict):
+            raise ConfigError([(".".join(keys), None, "expected a mapping in the config file")])
+    return node
+
+
+def _config_list(data, key):
+    if data.get(key) is None:
+        data[key] = []
+    if not isinstance(data[key], list):
+        raise ConfigError([(key, None, "expected a list in the config file")])
+    return data[key]
+
+
+def _openapi_document():
+    """OpenAPI 3.1 for the admin API, generated from the route table."""
+    paths = {}
+    error = {"description": "Error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    for route in _ADMIN_ROUTES:
+        path = "/admin/api/" + route.pattern
+        names = re.findall(r"\{(\w+)\}", route.pattern)
+        op = {"operationId": route.handler, "summary": route.summary,
+              "parameters": [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names],
+              "responses": {"200" if route.method in ("GET", "PUT", "DELETE") else
+                            {"create_provider": "201", "create_model": "201", "create_kb": "201",
+                             "upload": "201", "reindex_kb": "202"}.get(route.handler, "200"):
+                            {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}},
+                            "400": error, "404": error}}
+        if not route.public:
+            op["responses"]["401"] = error
+        if route.handler == "login":
+            op["responses"]["429"] = error
+        if route.method in ("POST", "PUT"):
+            content_type = "multipart/form-data" if route.handler == "upload" else "application/json"
+            schema = ({"type": "object", "properties": {"files": {"type": "array", "items":
+                                                                  {"type": "string", "format": "binary"}}}}
+                      if route.handler == "upload" else {"type": "object"})
+            op["requestBody"] = {"required": route.handler not in ("reindex_kb",),
+                                 "content": {content_type: {"schema": schema}}}
+        if route.public:
+            op["security"] = []
+        paths.setdefault(path, {})[route.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "ragproxy admin API", "version": __version__},
+        "paths": paths,
+        "security": [{"session": []}],
+        "components": {
+            "securitySchemes": {"session": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
+            "schemas": {"Error": {"type": "object", "required": ["error"], "properties": {"error": {
+                "type": "object", "required": ["message", "type"],
+                "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                               "code": {"type": ["string", "null"]},
+                               "errors": {"type": "array", "items": {"type": "object"}}}}}}},
+        },
+    }

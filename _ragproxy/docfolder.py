@@ -1,0 +1,35 @@
+"""docfolder: TODO docstring."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from .files import atomic_write
+
+log = logging.getLogger("ragproxy")
+
+
+# The upload manifest in a KB's documents folder (written by section 19): not a
+# document itself, and the source of uploaded files' original names.
+UPLOAD_MANIFEST = "manifest.json"
+
+
+def read_manifest(documents_dir):
+    """The upload manifest's ``files`` dict, stored name -> {name, size, sha256, uploaded_at}; {} if none."""
+    try:
+        with open(os.path.join(documents_dir, UPLOAD_MANIFEST), "rb") as f:
+            files = json.loads(f.read().decode("utf-8")).get("files")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, AttributeError) as e:
+        log.warning("ignoring unreadable upload manifest in %s: %s", documents_dir, e)
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+# --- documents folder -----------------------------------------------------------
+
+def write_manifest(documents_dir, files):
+    data = json.dumps({"files": files}, ensure_ascii=False, indent=1, sort_keys=True)
+    atomic_write(os.path.join(documents_dir, UPLOAD_MANIFEST), data.encode("utf-8"))

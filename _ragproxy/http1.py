@@ -1,0 +1,286 @@
+"""http1: TODO docstring."""
+from __future__ import annotations
+
+import io
+import socket
+import struct
+import sys
+
+READ_SIZE = 65536
+
+# Where the kernel keeps a socket's timeouts (SO_RCVTIMEO/SO_SNDTIMEO on a
+# blocking socket), each recv or send is one system call.  Python's own
+# timeouts put a poll() before each, and every I/O on the proxy's path comes
+# right after a wait, when a system call costs most.  Elsewhere (timeval
+# layouts differ) Python keeps the timeouts.
+KERNEL_TIMEOUTS = sys.platform.startswith("linux")
+
+
+def header_value(pairs, name, default=None):
+    """The first value of header ``name`` in ``(name, value)`` pairs, any letter case."""
+    name = name.lower()
+    for key, value in pairs:
+        if key.lower() == name:
+            return value
+    return default
+
+
+def timed_reader(sock, seconds, size):
+    """A buffered reader of ``sock``, whose reads and writes now time out after ``seconds``.
+
+    A read that times out raises socket.timeout either way.  A write that
+    times out raises socket.timeout under Python's timeouts and
+    BlockingIOError under the kernel's, where sendall() gets EAGAIN (see
+    _KERNEL_TIMEOUTS).
+    """
+    if not KERNEL_TIMEOUTS:
+        sock.settimeout(seconds)
+        return sock.makefile("rb", size)
+    sock.settimeout(None)
+    set_io_timeout(sock, seconds)
+    return io.BufferedReader(_SocketReader(sock), size)
+
+
+def set_io_timeout(sock, seconds):
+    """Change the timeout of a socket set up by _timed_reader."""
+    if not KERNEL_TIMEOUTS:
+        sock.settimeout(seconds)
+        return
+    micros = max(round(seconds * 1e6), 1) if seconds else 0  # a zero timeval waits for ever, as None does
+    timeval = struct.pack("@ll", *divmod(micros, 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
+class _SocketReader(io.RawIOBase):
+    """Raw reads of a blocking socket with kernel timeouts: EAGAIN is the timeout."""
+
+    def __init__(self, sock):
+        self._recv_into = sock.recv_into
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        try:
+            return self._recv_into(buffer)
+        except BlockingIOError:
+            raise socket.timeout("timed out") from None
+
+
+class HeadTooLarge(ValueError):
+    """A message head over a reader's limits; the text says which."""
+
+
+def read_head_lines(rfile, max_lines, max_line=65536, eof_ends=True):
+    """The lines of the next message head, without line ends, up to its blank line.
+
+    Used by the upstream client (section 4) and the HTTP server (section 21).
+    _HeadTooLarge for a line over ``max_line`` bytes or more than
+    ``max_lines`` lines.  The end of input ends the head when ``eof_ends``
+    (as http.server has it), else it is a ValueError (a cut-off response).
+    """
+    lines = buffered_head_lines(rfile)
+    if lines is None:
+        lines = []
+        while True:
+            line = rfile.readline(max_line + 1)
+            if len(line) > max_line:
+                raise HeadTooLarge("Line too long")
+            if line in (b"\r\n", b"\n"):
+                break
+            if not line:
+                if eof_ends:
+                    break
+                raise ValueError("message head cut short")
+            if len(lines) >= max_lines:
+                raise HeadTooLarge("Too many headers")
+            lines.append(line.decode("latin-1").rstrip("\r\n"))
+    if len(lines) > max_lines:
+        raise HeadTooLarge("Too many headers")
+    return lines
+
+
+def buffered_head_lines(rfile):
+    """The lines of a message head already in rfile's buffer, or None.
+
+    Takes everything up to the blank line in one read from the buffer and one
+    split, where a readline, decode and rstrip per line cost about a fifth
+    of the proxy's time per request (both its HTTP server and its upstream
+    client parse a head per request).  None, with nothing consumed, means
+    _read_head_lines reads it line by line: the head continues past the
+    buffer, or it has a bare LF or CR, which that loop judges.
+    """
+    buf = rfile.peek(1)
+    if buf[:2] == b"\r\n":
+        rfile.read(2)
+        return []
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    block = buf[:end]
+    pairs = block.count(b"\r\n")
+    if block.count(b"\n") != pairs or block.count(b"\r") != pairs:
+        return None
+    rfile.read(end + 4)
+    return block.decode("latin-1").split("\r\n")
+
+
+class FixedBody:
+    """A body of known length (``None``: until the server closes)."""
+
+    def __init__(self, rfile, length):
+        self.rfile, self.left, self.complete = rfile, length, length == 0
+
+    @property
+    def reusable(self):
+        return self.complete
+
+    def read_rest(self, limit=None):
+        """All of a known-length body in one read; None when the length is unknown or over ``limit``."""
+        left = self.left
+        if left is None or (limit is not None and left > limit):
+            return None
+        data = self.rfile.read(left) if left else b""
+        if len(data) < left:
+            raise ConnectionError(f"response body ended {left - len(data)} bytes early")
+        self.left, self.complete = 0, True
+        return data
+
+    def read1(self):
+        if self.left == 0:
+            self.complete = True
+            return b""
+        data = self.rfile.read1(READ_SIZE if self.left is None else min(self.left, READ_SIZE))
+        if self.left is None:
+            return data
+        if not data:
+            raise ConnectionError(f"response body ended {self.left} bytes early")
+        self.left -= len(data)
+        return data
+
+
+def parse_chunk_size(line):
+    """The size on a chunked-encoding size line (extensions ignored); ValueError if malformed.
+
+    Only hex digits: int(x, 16) alone would take "-5", "+5", "0x5" and "1_0".
+    """
+    token = line.split(b";", 1)[0].strip(b" \t\r\n")
+    if not token or len(token) > 16 or token.strip(b"0123456789abcdefABCDEF"):
+        raise ValueError(f"malformed chunk size line {line[:40]!r}")
+    return int(token, 16)
+
+
+_SIZE_LINE, _DATA, _DATA_END, _TRAILER = range(4)
+
+
+class ChunkedBody:
+    """A chunked body, decoded as it arrives.
+
+    Each read1() does at most one read from the socket and hands on every
+    payload byte it brought: events that arrive together leave together, in
+    one write to the client, and none waits for a later one.  (Reading chunk
+    by chunk cost three buffered calls and a client write per event.)
+    """
+
+    _MAX_LINE = 8192
+
+    def __init__(self, rfile):
+        self.rfile, self.complete, self.reusable = rfile, False, False
+        self._buf = b""
+        self._state = _SIZE_LINE
+        self._left = 0  # payload bytes still to come in the current chunk
+
+    def read1(self):
+        while not self.complete:
+            data = self.rfile.read1(READ_SIZE)
+            if not data:
+                raise ConnectionError("chunked response body ended early")
+            if self._state == _SIZE_LINE and not self._buf:
+                # The usual read, one whole chunk, takes a few C-level calls:
+                # a model's events come milliseconds apart, each to a cold CPU
+                # cache, where every extra line of Python costs.
+                eol = data.find(b"\n")
+                if eol > 0:
+                    size = self._size(data[:eol + 1])
+                    stop = eol + 1 + size
+                    if size and data[stop:] == b"\r\n":
+                        return data[eol + 1:stop]
+            out = self._decode(self._buf + data if self._buf else data)
+            if out:
+                return out
+        return b""
+
+    def _decode(self, buf):
+        out, pos, end = [], 0, len(buf)
+        while pos < end:
+            state = self._state
+            if state == _DATA:
+                take = min(self._left, end - pos)
+                out.append(buf[pos:pos + take])
+                pos += take
+                self._left -= take
+                if self._left:
+                    break
+                self._state = _DATA_END
+            elif state == _DATA_END:
+                if end - pos < 2:
+                    break
+                if buf[pos:pos + 2] != b"\r\n":
+                    raise ConnectionError("malformed chunked response body")
+                pos += 2
+                self._state = _SIZE_LINE
+            else:
+                eol = buf.find(b"\n", pos)
+                if eol < 0:
+                    if end - pos > self._MAX_LINE:
+                        raise ConnectionError("chunked response body: line too long")
+                    break
+                line, pos = buf[pos:eol + 1], eol + 1
+                if state == _TRAILER:
+                    if line in (b"\r\n", b"\n"):  # the blank line after the trailers ends the body
+                        self.complete = True
+                        self.reusable = pos == end  # bytes past the end: the connection is out of step
+                        self._buf = b""
+                        return b"".join(out)
+                    continue
+                size = self._size(line)
+                if size:
+                    self._state, self._left = _DATA, size
+                else:
+                    self._state = _TRAILER
+        self._buf = buf[pos:]
+        return b"".join(out)
+
+    @staticmethod
+    def _size(line):
+        try:
+            return parse_chunk_size(line)
+        except ValueError as exc:  # to the caller, a broken body like any other
+            raise ConnectionError(str(exc)) from None
+
+
+def parse_header_lines(lines):
+    """Header lines as a dict of lower-case name -> value; ValueError naming a malformed line.
+
+    A repeated header's values are joined by ", " (RFC 9110 5.3).  This dict
+    stands in for the ``email.message.Message`` that BaseHTTPRequestHandler
+    builds, which costs ~20-30 us per request for nothing we use.
+    """
+    merged, key = {}, None
+    for text in lines:
+        name, colon, value = text.partition(":")
+        if not colon or not name or name != name.strip():
+            if not (text[:1] in (" ", "\t") and key is not None):
+                raise ValueError(f"Malformed header line ({text[:100]!r})")
+            merged[key] += " " + text.strip()  # obsolete line folding: continues the previous value
+            continue
+        key = name.lower()
+        if key in merged:
+            merged[key] += ", " + value.strip()
+        else:
+            merged[key] = value.strip()
+    return merged
+
+
+MAX_HEADER_LINES = 100

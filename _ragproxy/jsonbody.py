@@ -1,0 +1,144 @@
+"""jsonbody: TODO docstring."""
+from __future__ import annotations
+
+import json
+import re
+
+from .api import ClientError, json_bytes, json_text
+
+# json.loads wraps this scanner in three Python-level calls and two regex
+# matches; a request body that is one bare object needs none of them.
+_scan_json = json.JSONDecoder().scan_once
+
+
+def json_object_of(body):
+    """The JSON object in a request body; ClientError 400 saying what is wrong otherwise."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ClientError(400, f"request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        payload, end = _scan_json(text, 0)
+    except (StopIteration, ValueError, RecursionError):
+        end = -1
+    if end != len(text):  # surrounding whitespace, or not JSON: the full parser judges and explains
+        try:
+            payload = json.loads(text)
+        except ValueError as exc:
+            raise ClientError(400, f"request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ClientError(400, "request body is not valid JSON: nested too deeply") from None
+    if not isinstance(payload, dict):
+        raise ClientError(400, "request body must be a JSON object")
+    return payload
+
+
+# A body that names its model first: Claude Code, Codex and the Anthropic SDK
+# send them so.  Run only on a body _json_object_of accepted.
+_LEADING_MODEL = re.compile(rb'[ \t\r\n]*\{[ \t\r\n]*"model"[ \t\r\n]*:[ \t\r\n]*("(?:[^"\\]|\\.)*")')
+
+
+def with_model(body, model, new_model):
+    """``body`` with its top-level "model" value ``model`` replaced by ``new_model``; None
+    when the body does not begin with that key and value.
+
+    Every other byte goes upstream as the client sent it.  Serializing the
+    whole payload again, the alternative, costs about 0.4 ms for a 100 KB
+    conversation and rewrites numbers and escapes the client chose.  Only the
+    first key is looked at: if its value is not the one parsed (a client that
+    repeats the key has the last one count), the answer is None.
+    """
+    found = _LEADING_MODEL.match(body)
+    if found is None or json.loads(found.group(1)) != model:
+        return None
+    return b"".join((body[:found.start(1)], json_bytes(new_model), body[found.end(1):]))
+
+
+_JSON_SPACE = re.compile(r"[ \t\r\n]*")
+
+
+def _json_members(text, pos, expand=()):
+    """Where the members of the JSON object or array at ``text[pos]`` lie, and where it closes.
+
+    An object gives ``({key: (start, end)}, close)`` with the span of each
+    value, an array ``([(start, end), ...], close)``.  An object member named
+    in ``expand`` whose value is an array has its entries' spans too:
+    ``(start, end, entries)``.  None for an object that repeats a key: the
+    parsed value is the last one, and which bytes to edit is then a guess.
+    ``text`` must be JSON the parser accepted; this only finds boundaries,
+    letting json's C scanner step over each value.
+    """
+    space = _JSON_SPACE.match
+    is_object = text[pos] == "{"
+    members = {} if is_object else []
+    pos = space(text, pos + 1).end()
+    if text[pos] in "}]":
+        return members, pos
+    while True:
+        if is_object:
+            key, pos = _scan_json(text, pos)
+            pos = space(text, space(text, pos).end() + 1).end()  # past the colon
+            if key in members:
+                return None
+            if key in expand and text[pos] == "[":
+                entries, end = _json_members(text, pos)
+                end += 1
+                members[key] = (pos, end, entries)
+            else:
+                _, end = _scan_json(text, pos)
+                members[key] = (pos, end)
+        else:
+            _, end = _scan_json(text, pos)
+            members.append((pos, end))
+        pos = space(text, end).end()
+        if text[pos] != ",":
+            return members, pos
+        pos = space(text, pos + 1).end()
+
+
+def with_edits(body, payload, paths):
+    """``body`` with the values at ``paths`` (see inject) encoded again from ``payload``;
+    None when a path cannot be placed, and the whole payload must be encoded.
+
+    Everything else goes upstream byte for byte, as in _with_model.  Finding
+    the spans takes one more pass of json's C scanner, a fifth of what
+    encoding a Claude Code body again costs (bench/request_body.py), and an
+    injection changes one message or the system prompt of a body that is
+    mostly earlier turns and tool definitions.
+    """
+    text = body.decode("utf-8")
+    top = _json_members(text, _JSON_SPACE.match(text).end(), {path[0] for path in paths if len(path) > 1})
+    if top is None:
+        return None
+    spans, close = top
+    last = max((span[1] for span in spans.values()), default=close)  # new members go after it
+    edits = []  # (start, end, new text), for splicing in order
+    for path in dict.fromkeys(paths):
+        key = path[0]
+        if key not in payload:
+            return None
+        value = payload[key]
+        if key not in spans:  # a member the body did not have goes last
+            if len(path) > 1:
+                return None
+            edits.append((last, last, ("," if spans else "") + json_text(key) + ":" + json_text(value)))
+            continue
+        span = spans[key]
+        start, end = span[:2]
+        if len(path) > 1:  # one entry of a list that kept its length
+            if len(span) < 3 or not isinstance(value, list):
+                return None
+            entries = span[2]
+            if len(entries) != len(value) or not 0 <= path[1] < len(entries):
+                return None
+            start, end = entries[path[1]]
+            value = value[path[1]]
+        edits.append((start, end, json_text(value)))
+    pieces, pos = [], 0
+    for start, end, new in sorted(edits, key=lambda edit: edit[0]):
+        if start < pos:  # a whole value and an entry of it both named: nothing to gain
+            return None
+        pieces += (text[pos:start], new)
+        pos = end
+    pieces.append(text[pos:])
+    return "".join(pieces).encode("utf-8")

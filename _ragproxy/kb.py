@@ -1,0 +1,732 @@
+"""kb: TODO docstring."""
+from __future__ import annotations
+
+import array
+import collections
+import contextlib
+import dataclasses
+import glob
+import hashlib
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+
+from . import deps
+from .chunking import chunk_document
+from .config import KB_NAME
+from .defaults import (
+    BM25_B,
+    BM25_K1,
+    DEFAULT_CHUNK_OVERLAP,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_MAX_BYTES,
+)
+from .docfolder import UPLOAD_MANIFEST, read_manifest
+from .documents import SkipFile, extract
+from .embeddings import (
+    EmbeddingClient,
+    EmbeddingFatal,
+    EmbeddingRateLimited,
+    EmbeddingTransient,
+)
+from .fusion import FUSION_DEPTH, rrf, zscore_fusion
+from .npy import npy_read_array, npy_write_array
+from .sources import ALWAYS_EXCLUDED_DIRS, GitIgnore, glob_match
+from .store import KBStore
+from .text import Analyzer, BM25Index
+
+log = logging.getLogger("ragproxy")
+
+
+_BM25_META = "bm25.json"
+_SETTINGS_FILE = "settings.json"
+_COMPACT_KINDS = {"int8": "i8", "float16": "f16", "binary": "b1"}  # config name -> vector store name
+
+
+def valid_kb_name(name):
+    return isinstance(name, str) and bool(KB_NAME.match(name))
+
+
+@dataclasses.dataclass(frozen=True)
+class KBSpec:
+    """A ``knowledge_bases`` entry, validated."""
+
+    name: str
+    sources: tuple = ()
+    include: tuple = ()
+    exclude: tuple = ()
+    gitignore: bool = True
+    retrieval: str = "lexical"
+    embedding: str = ""
+    strategy: str = "auto"
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    chunk_overlap: int = DEFAULT_CHUNK_OVERLAP
+    k1: float = BM25_K1
+    b: float = BM25_B
+    max_file_bytes: int = DEFAULT_MAX_BYTES
+    lexical_weight: float = 1.0
+    dense_weight: float = 1.0
+    fusion: str = "zscore"
+    compact: str = ""
+
+
+@dataclasses.dataclass
+class Hit:
+    """One retrieved chunk; ``scores`` says how each retriever rated it."""
+
+    kb: str
+    row: int
+    chunk: dict
+    score: float
+    scores: dict = dataclasses.field(default_factory=dict)
+    ranks: dict = dataclasses.field(default_factory=dict)  # 1-based rank per retriever, and "fused"
+
+    @property
+    def id(self):
+        return self.chunk["id"]
+
+
+@dataclasses.dataclass
+class IndexReport:
+    kb: str
+    added: int = 0
+    changed: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    chunks: int = 0
+    generation: str = ""
+    skipped: list = dataclasses.field(default_factory=list)   # (source, reason)
+    deferred: list = dataclasses.field(default_factory=list)  # (source, reason): retried next run
+    seconds: float = 0.0
+    committed: bool = False
+
+    def summary(self):
+        return (f"{self.kb}: {self.added} added, {self.changed} changed, {self.deleted} deleted, "
+                f"{self.unchanged} unchanged, {len(self.skipped)} skipped, {len(self.deferred)} deferred; "
+                f"{self.chunks} chunks in {self.generation or 'no generation'} ({self.seconds:.2f} s)")
+
+
+# -- the knowledge base -------------------------------------------------------
+
+class KnowledgeBase:
+    """One knowledge base: its sources, its store and its search."""
+
+    def __init__(self, spec, data_dir, embedder=None, clock=time.time):
+        self.spec = spec
+        self.data_dir = os.path.abspath(data_dir)
+        self.root = os.path.join(self.data_dir, "vectordb", spec.name)
+        self.documents_dir = os.path.join(self.data_dir, "documents", spec.name)
+        self.embedder = embedder
+        self.clock = clock
+        self.analyzer = Analyzer()
+        self.store = KBStore(self.root, compact=_COMPACT_KINDS.get(spec.compact))
+        self._index_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._loaded = None  # (generation, bm25 index)
+        self.status = {"state": "idle", "done": 0, "total": 0, "last_indexed": None, "last_error": None,
+                       "last_report": None}
+
+    # -- sources ------------------------------------------------------------
+
+    def source_roots(self):
+        """``(label, path)`` for each configured source plus the KB's documents folder."""
+        roots, labels = [], set()
+        for source in (self.documents_dir,) + tuple(self.spec.sources):
+            path = os.path.normpath(os.path.join(self.data_dir, os.path.expanduser(source)))
+            label = os.path.basename(path.rstrip(os.sep)) or "root"
+            while label in labels:
+                label += "_"
+            labels.add(label)
+            roots.append((label, path))
+        return roots
+
+    def scan(self):
+        """Every indexable file: ``{source_id: (path, size, mtime_ns)}``."""
+        found = {}
+        spec = self.spec
+        for label, root in self.source_roots():
+            if any(c in root for c in "*?["):
+                for path in sorted(glob.glob(root, recursive=True)):
+                    if os.path.isfile(path):
+                        self._add_file(found, label + "/" + os.path.basename(path), path)
+                continue
+            if os.path.isfile(root):
+                self._add_file(found, label, root)
+                continue
+            if not os.path.isdir(root):
+                continue
+            ignores = {root: GitIgnore()}
+            for dirpath, dirnames, filenames in os.walk(root):
+                rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+                rel_dir = "" if rel_dir == "." else rel_dir
+                rules = ignores.pop(dirpath, GitIgnore())
+                if spec.gitignore:
+                    rules = rules.child(dirpath, rel_dir)
+                keep = []
+                for d in sorted(dirnames):
+                    rel = f"{rel_dir}/{d}" if rel_dir else d
+                    if d in ALWAYS_EXCLUDED_DIRS or (spec.gitignore and rules.ignored(rel, True)) \
+                            or glob_match(rel + "/", spec.exclude) or os.path.islink(os.path.join(dirpath, d)):
+                        continue
+                    keep.append(d)
+                    ignores[os.path.join(dirpath, d)] = rules
+                dirnames[:] = keep
+                for name in sorted(filenames):
+                    rel = f"{rel_dir}/{name}" if rel_dir else name
+                    if name == ".gitignore" or (spec.gitignore and rules.ignored(rel, False)):
+                        continue
+                    if rel == UPLOAD_MANIFEST and root == self.documents_dir:
+                        continue
+                    if spec.include and not glob_match(rel, spec.include):
+                        continue
+                    if glob_match(rel, spec.exclude):
+                        continue
+                    self._add_file(found, f"{label}/{rel}", os.path.join(dirpath, name))
+        return found
+
+    @staticmethod
+    def _add_file(found, source_id, path):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        found[source_id] = (path, st.st_size, st.st_mtime_ns)
+
+    # -- indexing -----------------------------------------------------------
+
+    def index(self, full=False, progress=None):
+        """Bring the store up to date with the sources; returns an IndexReport.
+
+        Only added and changed files are read, chunked and embedded; unchanged
+        ones are carried over row for row.  A file whose embedding failed for a
+        passing reason keeps its previous version and is retried next run.
+        """
+        with self._index_lock:
+            started = self.clock()
+            report = IndexReport(self.spec.name)
+            self.status.update(state="indexing", done=0, total=0)
+            try:
+                self._index(report, full, progress)
+                self.status.update(last_error=None)
+            except Exception as exc:
+                self.status.update(last_error=str(exc))
+                raise
+            finally:
+                report.seconds = self.clock() - started
+                self.status.update(state="idle", last_report=report.summary())
+                if report.added + report.changed > 1000:
+                    self.analyzer.clear_cache()  # a big run memoised up to ~1M words (~240 MB)
+            if report.committed:
+                self.status["last_indexed"] = self.clock()
+            return report
+
+    def _index(self, report, full, progress):
+        spec = self.spec
+        old, old_bm25 = self.current()
+        if old is not None and not full and self._stored_settings(old) != self._settings():
+            log.info("kb %s: chunking, BM25 or embedding settings changed; re-indexing every file", spec.name)
+            full = True
+        old_manifest = old.manifest if old is not None and not full else {}
+        files = self.scan()
+        # Read every pass: an upload moves its files in before it records their
+        # names, so a pass in between saw them under their stored names, and
+        # the name alone must be able to make a file count as changed.
+        uploaded = read_manifest(self.documents_dir)
+        self.status["total"] = len(files)
+        manifest, kept = {}, []
+        batch = _EmbedBatch(self, old_bm25.vocab if old_manifest and old_bm25 is not None else None,
+                            manifest, report)
+        try:
+            for n, (source, (path, size, mtime)) in enumerate(sorted(files.items()), 1):
+                self.status["done"] = n
+                if progress:
+                    progress(n, len(files), source)
+                before = old_manifest.get(source)
+                shown = self._shown_name(source, uploaded)
+                same_name = before is not None and before.get("shown", source) == shown
+                if same_name and before.get("size") == size and before.get("mtime") == mtime and "hash" in before:
+                    manifest[source] = before
+                    kept.append(source)
+                    continue
+                fresh = self._read_and_chunk(source, path, size, report, shown)
+                if fresh is None:
+                    continue
+                digest, chunks = fresh
+                if same_name and before.get("hash") == digest:
+                    manifest[source] = dict(before, size=size, mtime=mtime)
+                    kept.append(source)
+                    continue
+                entry = {"size": size, "mtime": mtime, "hash": digest, "chunk_ids": [c.id for c in chunks]}
+                if shown != source:
+                    entry["shown"] = shown
+                if before:
+                    report.changed += 1
+                else:
+                    report.added += 1
+                batch.add(source, entry, chunks, before)
+            batch.flush()
+            for source, entry in batch.deferred_kept:
+                manifest[source] = entry
+                kept.append(source)
+            report.deleted = len(set(old_manifest) - set(files))
+            report.unchanged = len(kept) - len(batch.deferred_kept)
+            if not batch.changed and not report.deleted and old is not None and not full \
+                    and manifest == old_manifest:
+                # The background indexer lands here on every poll: no writer,
+                # no forward index, no vocabulary copy were made for nothing.
+                report.chunks, report.generation = len(old), old.name
+                return
+            writer, forward = batch.open()
+            if kept:
+                rows = self._rows_of(old, manifest, kept, writer.chunk_count)
+                writer.copy_rows(old, rows)
+                forward.add_rows(_ForwardIndex.load(old, old_bm25), rows)
+            # Every file in the writer's directory is committed with the generation.
+            forward.bm25(spec.k1, spec.b).save(writer.dir)
+            forward.save(writer.dir)
+            writer.set_manifest(manifest)
+            writer.write_file(_SETTINGS_FILE, json.dumps(self._settings(), sort_keys=True).encode("utf-8"))
+            writer.commit()
+        except BaseException:
+            if batch.writer is not None:
+                batch.writer.abort()  # a no-op once commit() has begun: it cleans up itself
+            raise
+        generation = self.store.current()
+        report.committed = True
+        report.chunks, report.generation = len(generation), generation.name
+
+    def _settings(self):
+        """What a generation's chunks, terms and vectors depend on besides the files."""
+        s = self.spec
+        return {"strategy": s.strategy, "chunk_size": s.chunk_size, "chunk_overlap": s.chunk_overlap,
+                "k1": s.k1, "b": s.b, "retrieval": s.retrieval, "embedding": s.embedding, "compact": s.compact,
+                "embedding_model": getattr(getattr(self.embedder, "provider", None), "model", "")}
+
+    @staticmethod
+    def _stored_settings(generation):
+        if not generation.has(_SETTINGS_FILE):
+            return None
+        try:
+            return json.loads(generation.read_file(_SETTINGS_FILE))
+        except ValueError:
+            return None
+
+    @staticmethod
+    def _rows_of(old, manifest, kept, first_row):
+        """Rows of the kept sources' chunks in ``old``; their entries get their new row numbers.
+
+        Each source's chunks are contiguous, and its manifest entry says where
+        they start, so no chunk has to be read to find them.
+        """
+        if not all("row" in manifest[s] for s in kept):  # a store written before rows were recorded
+            ids = [cid for s in kept for cid in manifest[s]["chunk_ids"]]
+            rows, at = old.rows_for_ids(ids), first_row
+            for source in kept:
+                manifest[source] = dict(manifest[source], row=at)
+                at += len(manifest[source]["chunk_ids"])
+            return rows
+        rows, at = [], first_row
+        for source in kept:
+            entry = manifest[source]
+            start, count = entry["row"], len(entry["chunk_ids"])
+            rows.extend(range(start, start + count))
+            manifest[source] = dict(entry, row=at)
+            at += count
+        return rows
+
+    def _shown_name(self, source, uploaded):
+        """What chunks call their file: an upload's original name, not its stored uuid name."""
+        label, _, stored = source.partition("/")
+        entry = uploaded.get(stored) if label == self.spec.name else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        return f"{label}/{name}" if isinstance(name, str) and name else source
+
+    def _read_and_chunk(self, source, path, size, report, shown=None):
+        """``(sha256, chunks)`` for one file, or None (recorded in the report) if it is skipped.
+
+        ``shown`` is the name chunks cite (and index) the file by, if not ``source``.
+        """
+        spec = self.spec
+        try:
+            if size > spec.max_file_bytes:
+                raise SkipFile(f"larger than max_file_bytes ({size} > {spec.max_file_bytes})")
+            with open(path, "rb") as f:
+                data = f.read(spec.max_file_bytes + 1)
+            chunks = []
+            for doc in extract(shown or source, data, max_bytes=spec.max_file_bytes):
+                chunks += chunk_document(doc, spec.strategy, spec.chunk_size, spec.chunk_overlap)
+        except SkipFile as exc:
+            report.skipped.append((source, str(exc)))
+            return None
+        except OSError as exc:
+            report.skipped.append((source, f"unreadable: {exc.strerror or exc}"))
+            return None
+        except Exception as exc:  # a parser bug on one odd file must not stop the KB
+            log.warning("kb %s: cannot index %s: %s", spec.name, source, exc, exc_info=True)
+            report.skipped.append((source, f"failed to parse: {exc}"))
+            return None
+        return hashlib.sha256(data).hexdigest(), chunks
+
+    def chunk_terms(self, chunk):
+        """Index terms of a chunk.  Title, heading path, symbol and file name count
+        twice: a match there says more about what the chunk is than one in its body."""
+        name = chunk.source.rsplit("/", 1)[-1].split("#", 1)[0]  # "corpus.jsonl#id": the file, once
+        head = " ".join([chunk.title] + list(chunk.headings) + [chunk.symbol, name])
+        return self.analyzer.tokens(head) * 2 + self.analyzer.tokens(chunk.text)
+
+    # -- searching ----------------------------------------------------------
+
+    def current(self):
+        """``(generation, bm25)`` of the committed state, loaded once per generation."""
+        loaded = self._loaded
+        generation = self.store.current()
+        if generation is None:
+            return None, None
+        if loaded is not None and loaded[0].name == generation.name:
+            return loaded
+        with self._state_lock:
+            bm25 = BM25Index.load(generation.dir) if generation.has(_BM25_META) else None
+            self._loaded = (generation, bm25)
+            return self._loaded
+
+    def search(self, query, top_k=5, mode=None, min_lexical=None, min_dense=None, timings=None):
+        """The best chunks for ``query``: a list of Hit, best first.
+
+        Each retriever keeps its own scale and its own threshold: BM25 scores
+        (unbounded, comparable within one query) must reach ``min_lexical``,
+        cosine similarities (-1 to 1) must reach ``min_dense``; a cosine
+        threshold is never applied to BM25 scores.  Hybrid fuses the two
+        filtered lists by reciprocal rank (weight / (60 + rank)).  ``timings``,
+        a dict, accumulates seconds per stage: lexical, embed, dense.
+        """
+        timings = {} if timings is None else timings
+        clock = time.perf_counter
+        mode = mode or self.spec.retrieval
+        generation, bm25 = self.current()
+        if generation is None or len(generation) == 0:
+            return []
+        pool = top_k if mode != "hybrid" else max(FUSION_DEPTH, top_k)
+        lexical = dense = []
+        if mode in ("lexical", "hybrid") and bm25 is not None:
+            started = clock()
+            lexical = bm25.search(self.analyzer.query_tokens(query), pool)
+            timings["lexical"] = timings.get("lexical", 0.0) + clock() - started
+            if min_lexical is not None:
+                lexical = [(row, score) for row, score in lexical if score >= min_lexical and score > 0]
+        if mode in ("dense", "hybrid"):
+            if self.embedder is None or generation.vectors is None:
+                raise EmbeddingFatal(f"knowledge base {self.spec.name!r} has no vectors for {mode} search")
+            started = clock()
+            vector = self.embedder.embed_query(query)
+            embedded = clock()
+            dense = generation.dense_search(vector, pool)
+            timings["embed"] = timings.get("embed", 0.0) + embedded - started
+            timings["dense"] = timings.get("dense", 0.0) + clock() - embedded
+            if min_dense is not None:
+                dense = [(row, score) for row, score in dense if score >= min_dense]
+        if mode == "lexical":
+            ranked = [(row, score, {"lexical": score}) for row, score in lexical]
+        elif mode == "dense":
+            ranked = [(row, score, {"dense": score}) for row, score in dense]
+        else:
+            fuse = rrf if self.spec.fusion == "rrf" else zscore_fusion
+            ranked = fuse([("lexical", lexical, self.spec.lexical_weight),
+                           ("dense", dense, self.spec.dense_weight)])
+        ranked = ranked[:top_k]
+        chunks = generation.chunks.get_many([row for row, _, _ in ranked])
+        # Ranks let an operator see why a passage won (the admin retrieval test).
+        places = {name: {row: n for n, (row, _) in enumerate(found, 1)}
+                  for name, found in (("lexical", lexical), ("dense", dense)) if found}
+        hits = []
+        for fused, ((row, score, scores), chunk) in enumerate(zip(ranked, chunks), 1):
+            ranks = {name: rows[row] for name, rows in places.items() if row in rows}
+            ranks["fused"] = fused
+            hits.append(Hit(self.spec.name, row, chunk, score, scores, ranks))
+        return hits
+
+    def stats(self):
+        generation, _ = self.current()
+        size = 0
+        if generation is not None:
+            for name in generation.files():
+                with contextlib.suppress(OSError):
+                    size += os.path.getsize(generation.path(name))
+        return {"name": self.spec.name, "retrieval": self.spec.retrieval,
+                "chunks": len(generation) if generation else 0,
+                "files": len(generation.manifest) if generation else 0,
+                "bytes": size, "generation": generation.name if generation else None, **self.status}
+
+
+class _EmbedBatch:
+    """Fresh files on their way into a generation writer.
+
+    Files are embedded in batches of about 256 chunks (fewer, larger requests),
+    and a file's chunks are written only once all of its vectors exist, so a
+    file is either fully indexed or not at all.  On a passing embedding
+    failure (5xx, timeout) the batch's files are deferred: their previous
+    version, if any, is kept.  Rate limits and permanent errors propagate and
+    abort the whole run.
+    """
+
+    SIZE = 256
+
+    def __init__(self, kb, vocab, manifest, report):
+        self.kb, self.manifest, self.report = kb, manifest, report
+        self._vocab = vocab       # the previous generation's term ids, kept stable
+        self.writer = self.forward = None  # made by open() when there is something to write
+        self.pending, self.count = [], 0
+        self.changed = False  # anything new was written, so a new generation is due
+        self.deferred_kept = []  # (source, old manifest entry)
+        self.dense = kb.spec.retrieval != "lexical"
+        if self.dense and kb.embedder is None:
+            raise EmbeddingFatal(f"knowledge base {kb.spec.name!r} needs an embedding provider "
+                                 f"for retrieval: {kb.spec.retrieval}")
+
+    def add(self, source, entry, chunks, before):
+        self.pending.append((source, entry, chunks, before))
+        self.count += len(chunks)
+        if not self.dense or self.count >= self.SIZE:
+            self.flush()
+
+    def open(self):
+        """The generation writer and forward index, created on first use."""
+        if self.writer is None:
+            self.writer = self.kb.store.begin()
+            self.forward = _ForwardIndex(self._vocab)
+        return self.writer, self.forward
+
+    def flush(self):
+        pending, self.pending, self.count = self.pending, [], 0
+        if not pending:
+            return
+        vectors = None
+        if self.dense:
+            texts = [c.index_text() for _, _, chunks, _ in pending for c in chunks]
+            try:
+                vectors = self.kb.embedder.embed(texts) if texts else []
+            except EmbeddingTransient as exc:
+                for source, _, _, before in pending:
+                    self.report.deferred.append((source, str(exc)))
+                    if before:
+                        self.deferred_kept.append((source, before))
+                return
+        writer, forward = self.open()
+        start = 0
+        for source, entry, chunks, _ in pending:
+            self.manifest[source] = dict(entry, row=writer.chunk_count)
+            if not chunks:
+                continue
+            writer.add_chunks([c.to_json() for c in chunks])
+            if vectors is not None:
+                writer.add_vectors(vectors[start:start + len(chunks)])
+                start += len(chunks)
+            for chunk in chunks:
+                forward.add(self.kb.chunk_terms(chunk))
+        self.changed = True
+
+
+class _ForwardIndex:
+    """Term counts per chunk, stored with each generation.
+
+    The next commit rebuilds BM25 from these (unchanged chunks' counts are
+    copied, only new chunks are tokenized), so an update costs a pass over
+    compact integer arrays rather than re-analyzing every chunk.  Term ids are
+    the BM25 index's own, so the vocabulary lives once, in bm25.json.
+    """
+
+    FILES = ("terms", "tfs", "counts", "lengths")
+
+    def __init__(self, vocab=None):
+        self.vocab = dict(vocab) if vocab else {}
+        self.terms, self.tfs = array.array("i"), array.array("i")
+        self.counts, self.lengths = array.array("i"), array.array("i")
+
+    def add(self, tokens):
+        counts = collections.Counter(tokens)
+        vocab = self.vocab
+        for token, tf in counts.items():
+            tid = vocab.get(token)
+            if tid is None:
+                tid = vocab[token] = len(vocab)
+            self.terms.append(tid)
+            self.tfs.append(tf)
+        self.counts.append(len(counts))
+        self.lengths.append(len(tokens))
+
+    def add_rows(self, old, rows):
+        """Append the entries of ``rows`` of an older forward index (``old``: dict of arrays)."""
+        np = deps.np
+        if np is None:
+            counts, starts = old["counts"], old["starts"]
+            for row in rows:
+                a, n = starts[row], counts[row]
+                self.terms.extend(old["terms"][a:a + n])
+                self.tfs.extend(old["tfs"][a:a + n])
+                self.counts.append(n)
+                self.lengths.append(old["lengths"][row])
+            return
+        rows = np.asarray(rows, dtype=np.int64)
+        counts = np.asarray(old["counts"])[rows].astype(np.int64)
+        firsts = np.asarray(old["starts"])[rows]
+        # Positions of every entry of every row: each row's start, then +0, +1, ...
+        before = np.cumsum(counts) - counts
+        at = np.repeat(firsts - before, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+        self.terms.frombytes(np.asarray(old["terms"])[at].astype(np.int32).tobytes())
+        self.tfs.frombytes(np.asarray(old["tfs"])[at].astype(np.int32).tobytes())
+        self.counts.frombytes(counts.astype(np.int32).tobytes())
+        self.lengths.frombytes(np.asarray(old["lengths"])[rows].astype(np.int32).tobytes())
+
+    def bm25(self, k1, b):
+        self._drop_unused_terms()
+        return BM25Index.from_counts(self.vocab, self.terms, self.tfs, self.counts, self.lengths, k1, b)
+
+    def _drop_unused_terms(self):
+        """Forget terms no chunk uses any more (their files changed or went away)."""
+        np = deps.np
+        used = bytearray(len(self.vocab))
+        for tid in self.terms if np is None else np.unique(np.frombuffer(self.terms, dtype=np.int32)):
+            used[tid] = 1
+        if all(used):
+            return
+        remap = array.array("i", [-1]) * len(used)
+        new_id = 0
+        for tid, flag in enumerate(used):
+            if flag:
+                remap[tid] = new_id
+                new_id += 1
+        self.vocab = {term: remap[tid] for term, tid in self.vocab.items() if used[tid]}
+        if np is not None:
+            table = np.frombuffer(remap, dtype=np.int32)
+            self.terms = array.array("i", table[np.frombuffer(self.terms, dtype=np.int32)].tobytes())
+        else:
+            self.terms = array.array("i", (remap[t] for t in self.terms))
+
+    def save(self, directory):
+        for name in self.FILES:
+            npy_write_array(os.path.join(directory, f"fwd_{name}.npy"), getattr(self, name), "<i4")
+
+    @classmethod
+    def load(cls, generation, bm25):
+        """The arrays of ``generation``'s forward index, or None if it has none."""
+        np = deps.np
+        if bm25 is None or not generation.has("fwd_terms.npy"):
+            return None
+        out = {}
+        for name in cls.FILES:
+            arr = npy_read_array(generation.path(f"fwd_{name}.npy"))
+            out[name] = arr if np is not None else array.array("i", arr.flat if arr.flat is not None else arr)
+        if np is not None:
+            out["starts"] = np.concatenate(([0], np.cumsum(out["counts"], dtype=np.int64)))
+        else:
+            out["starts"] = array.array("q", [0])
+            out["starts"].extend(itertools.accumulate(out["counts"]))
+        return out
+
+
+class KnowledgeBases:
+    """The configured knowledge bases, their embedders and the background indexer."""
+
+    def __init__(self, config, data_dir, http_pool, clock=time.time, on_report=None):
+        self.data_dir = data_dir
+        self.http = http_pool
+        self.clock = clock
+        self.on_report = on_report  # called with each IndexReport (metrics)
+        self.kbs = {}
+        self._signatures = {}
+        self._full_requested = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = None
+        self.configure(config)
+
+    def configure(self, config):
+        """Apply a (re)loaded config: KBs whose settings changed are rebuilt, others kept.
+
+        KBs on the same embedding provider share one client, so one 429 pauses
+        all of them and the disk cache has one writer.
+        """
+        self.config = config
+        specs = {name: _kb_spec(name, raw) for name, raw in config.knowledge_bases.items()}
+        with self._lock:
+            embedders, kbs = {}, {}
+            for name, spec in specs.items():
+                provider = config.providers["embedding"].get(spec.embedding) if spec.embedding else None
+                signature = (spec, provider)
+                if name in self.kbs and self._signatures.get(name) == signature:
+                    kbs[name] = self.kbs[name]
+                    if provider is not None:
+                        embedders.setdefault(provider, kbs[name].embedder)
+                    continue
+                if provider is not None and provider not in embedders:
+                    embedders[provider] = EmbeddingClient(
+                        provider, self.http, os.path.join(self.data_dir, "cache", "embedding"),
+                        batch_size=provider.batch_size, max_concurrency=provider.max_concurrency)
+                kbs[name] = KnowledgeBase(spec, self.data_dir, embedder=embedders.get(provider), clock=self.clock)
+                self._signatures[name] = signature
+            self.kbs = kbs
+        self._wake.set()
+
+    def get(self, name):
+        return self.kbs.get(name)
+
+    def request_index(self, name=None, full=False):
+        """Have the background indexer run soon: for one KB or all, incremental or full."""
+        with self._lock:
+            for kb_name in ([name] if name else list(self.kbs)):
+                if full:
+                    self._full_requested.add(kb_name)
+                kb = self.kbs.get(kb_name)
+                if kb is not None and kb.status["state"] == "idle":
+                    kb.status["state"] = "queued"
+        self._wake.set()
+
+    def index_all(self, full=False):
+        reports = []
+        with self._lock:
+            full_for, self._full_requested = self._full_requested, set()
+        for kb in list(self.kbs.values()):
+            try:
+                reports.append(kb.index(full=full or kb.spec.name in full_for))
+            except EmbeddingRateLimited as exc:
+                log.warning("kb %s: embedding provider rate-limited; indexing paused: %s", kb.spec.name, exc)
+            except Exception as exc:
+                log.error("kb %s: indexing failed: %s", kb.spec.name, exc)
+        for report in reports:
+            if self.on_report is not None:
+                self.on_report(report)
+            if report.committed or report.skipped:
+                log.info("indexed %s", report.summary())
+                for source, reason in report.skipped[:20]:
+                    log.info("  skipped %s: %s", source, reason)
+        return reports
+
+    def start(self):
+        """Index at start-up and whenever sources change (polled every rag.index_interval s)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="indexer", daemon=True)
+            self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.index_all()
+            interval = self.config.rag["index_interval"] or 3600
+            self._wake.wait(interval)
+            self._wake.clear()
+
+    def stop(self):
+        self._stop.set()
+        self._wake.set()
+
+
+def _kb_spec(name, raw):
+    chunking, bm25, weights = raw["chunking"], raw["bm25"], raw["weights"]
+    return KBSpec(name=name, sources=tuple(raw["sources"]), include=tuple(raw["include"]),
+                  exclude=tuple(raw["exclude"]), gitignore=raw["gitignore"], retrieval=raw["retrieval"],
+                  embedding=raw["embedding"], strategy=chunking["strategy"], chunk_size=chunking["chunk_size"],
+                  chunk_overlap=chunking["chunk_overlap"], k1=bm25["k1"], b=bm25["b"],
+                  max_file_bytes=raw["max_file_bytes"], lexical_weight=weights["lexical"],
+                  dense_weight=weights["dense"], fusion=raw["fusion"], compact=raw["compact"])

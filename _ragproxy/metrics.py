@@ -1,0 +1,300 @@
+"""metrics: TODO docstring."""
+from __future__ import annotations
+
+import bisect
+import collections
+import itertools
+import logging
+import math
+import re
+import threading
+
+from .reqlog import RETRIEVAL_ATTEMPTED
+
+log = logging.getLogger("ragproxy")
+
+
+# -- Prometheus metrics -------------------------------------------------------
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_METRICS_MAX_SERIES = 1000   # per family: a flood of odd model names must not eat memory
+
+
+def _prom_number(value):
+    value = float(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 2 ** 53:
+        return str(int(value))
+    return repr(value)
+
+
+def _prom_label_value(value):
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _prom_labels(pairs):
+    pairs = list(pairs)
+    if not pairs:
+        return ""
+    return "{" + ",".join(f'{k}="{_prom_label_value(v)}"' for k, v in pairs) + "}"
+
+
+class _MetricFamily:
+    kind = ""
+
+    def __init__(self, name, help_text, labelnames=()):
+        if not _METRIC_NAME.match(name):
+            raise ValueError(f"invalid metric name {name!r}")
+        for label in labelnames:
+            if not _LABEL_NAME.match(label) or label.startswith("__"):
+                raise ValueError(f"invalid label name {label!r} for {name}")
+        self.name, self.help, self.labelnames = name, help_text, tuple(labelnames)
+        self._lock = threading.Lock()
+        self._series = {}
+        self.overflow = 0   # observations refused because the family hit _METRICS_MAX_SERIES
+
+    def _key(self, labels):
+        if len(labels) == len(self.labelnames):
+            try:
+                return tuple([str(labels[n]) for n in self.labelnames])
+            except KeyError:
+                pass
+        raise ValueError(f"{self.name} takes labels {list(self.labelnames)}, got {sorted(labels)}")
+
+    def _header(self):
+        help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
+        return [f"# HELP {self.name} {help_text}", f"# TYPE {self.name} {self.kind}"]
+
+
+class _PromCounter(_MetricFamily):
+    """A monotonically increasing value per label set."""
+
+    kind = "counter"
+
+    def inc(self, amount=1.0, /, **labels):
+        if amount < 0:
+            raise ValueError(f"{self.name}: counters only go up (got {amount})")
+        key = self._key(labels)
+        with self._lock:
+            if key not in self._series and len(self._series) >= _METRICS_MAX_SERIES:
+                self.overflow += 1
+                return
+            self._series[key] = self._series.get(key, 0.0) + amount
+
+    def value(self, **labels):
+        with self._lock:
+            return self._series.get(self._key(labels), 0.0)
+
+    def _samples(self, overrides):
+        with self._lock:
+            series = dict(self._series)
+        series.update(overrides)
+        if not series and not self.labelnames:
+            series[()] = 0.0
+        return [f"{self.name}{_prom_labels(zip(self.labelnames, key))} {_prom_number(v)}"
+                for key, v in sorted(series.items())]
+
+
+class _PromGauge(_PromCounter):
+    """A value that goes up and down; usually reported by a collector at render time."""
+
+    kind = "gauge"
+
+    def inc(self, amount=1.0, /, **labels):
+        key = self._key(labels)
+        with self._lock:
+            self._series[key] = self._series.get(key, 0.0) + amount
+
+    def set(self, value, /, **labels):
+        key = self._key(labels)
+        with self._lock:
+            self._series[key] = float(value)
+
+
+class _PromHistogram(_MetricFamily):
+    """Observations counted into cumulative ``le`` buckets, plus their sum and count."""
+
+    kind = "histogram"
+
+    def __init__(self, name, help_text, labelnames=(), buckets=()):
+        if "le" in labelnames:
+            raise ValueError(f"{name}: 'le' is reserved for histogram buckets")
+        super().__init__(name, help_text, labelnames)
+        bounds = sorted(float(b) for b in buckets if not math.isinf(float(b)))
+        if not bounds or len(set(bounds)) != len(bounds):
+            raise ValueError(f"{name}: buckets must be distinct and non-empty")
+        self.buckets = tuple(bounds)
+
+    def observe(self, value, /, **labels):
+        value = float(value)
+        key = self._key(labels)
+        # bisect_left: the first bound >= value, since a bucket counts value <= le.
+        slot = bisect.bisect_left(self.buckets, value)
+        with self._lock:
+            state = self._series.get(key)
+            if state is None:
+                if len(self._series) >= _METRICS_MAX_SERIES:
+                    self.overflow += 1
+                    return
+                state = self._series[key] = [[0] * (len(self.buckets) + 1), 0.0, 0]
+            state[0][slot] += 1
+            state[1] += value
+            state[2] += 1
+
+    def snapshot(self, **labels):
+        """``(cumulative bucket counts incl. +Inf, sum, count)`` for one label set."""
+        with self._lock:
+            state = self._series.get(self._key(labels))
+            counts, total, n = (list(state[0]), state[1], state[2]) if state else ([0] * (len(self.buckets) + 1), 0.0, 0)
+        return list(itertools.accumulate(counts)), total, n
+
+    def _samples(self, overrides):
+        with self._lock:
+            series = {k: (list(v[0]), v[1], v[2]) for k, v in self._series.items()}
+        if not series and not self.labelnames:
+            series[()] = ([0] * (len(self.buckets) + 1), 0.0, 0)
+        bounds = [_prom_number(b) for b in self.buckets] + ["+Inf"]
+        lines = []
+        for key, (counts, total, n) in sorted(series.items()):
+            pairs = list(zip(self.labelnames, key))
+            for le, cumulative in zip(bounds, itertools.accumulate(counts)):
+                lines.append(f"{self.name}_bucket{_prom_labels(pairs + [('le', le)])} {cumulative}")
+            lines.append(f"{self.name}_sum{_prom_labels(pairs)} {_prom_number(total)}")
+            lines.append(f"{self.name}_count{_prom_labels(pairs)} {n}")
+        return lines
+
+
+_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_UPSTREAM_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOKEN_BUCKETS = (0, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000)
+
+# ragproxy's metric families, all in one place: (kind, name, help, labels[, buckets]).
+_METRIC_FAMILIES = (
+    ("counter", "ragproxy_requests_total", "Proxied requests by model, retrieval outcome and HTTP status.",
+     ("model", "outcome", "status")),
+    ("histogram", "ragproxy_retrieval_seconds", "Retrieval time per stage in seconds.", ("stage",),
+     _SECONDS_BUCKETS),
+    ("histogram", "ragproxy_context_tokens", "Tokens of context injected per request that attempted retrieval.",
+     (), _TOKEN_BUCKETS),
+    ("histogram", "ragproxy_upstream_seconds", "Upstream response time in seconds by provider.", ("provider",),
+     _UPSTREAM_BUCKETS),
+    ("counter", "ragproxy_index_files_total", "Files seen by the indexer by result (indexed, skipped, deferred).",
+     ("kb", "result")),
+    ("counter", "ragproxy_index_errors_total", "Indexing errors by knowledge base.", ("kb",)),
+    ("counter", "ragproxy_request_log_dropped_total", "Request-log entries dropped because its queue was full.",
+     ()),
+    ("gauge", "ragproxy_kb_chunks", "Chunks in the knowledge base's current generation.", ("kb",)),
+    ("gauge", "ragproxy_kb_bytes", "Bytes of the knowledge base's current generation on disk.", ("kb",)),
+    ("gauge", "ragproxy_indexing_progress", "Fraction of the running indexing pass done (0 to 1).", ("kb",)),
+)
+_FAMILY_CLASSES = {"counter": _PromCounter, "gauge": _PromGauge, "histogram": _PromHistogram}
+
+
+class Metrics:
+    """A small thread-safe Prometheus registry rendering text exposition format 0.0.4.
+
+    ``Metrics()`` holds ragproxy's families (see ``_METRIC_FAMILIES``);
+    ``Metrics(predefined=False)`` starts empty.  Families are reached with
+    ``metrics["name"]``.  Collectors added with ``add_collector(fn)`` run at each
+    render; ``fn()`` returns ``[(name, labels_dict, value)]`` for counter or gauge
+    families, and those values replace stored ones for that render.
+    """
+
+    CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+    def __init__(self, predefined=True):
+        self._families = {}
+        self._collectors = []
+        self._lock = threading.Lock()
+        if predefined:
+            for kind, name, help_text, labels, *rest in _METRIC_FAMILIES:
+                self._register(_FAMILY_CLASSES[kind](name, help_text, labels, *rest))
+
+    def _register(self, family):
+        with self._lock:
+            old = self._families.get(family.name)
+            if old is not None:
+                if (old.kind, old.labelnames, getattr(old, "buckets", None)) != \
+                        (family.kind, family.labelnames, getattr(family, "buckets", None)):
+                    raise ValueError(f"metric {family.name} is already registered differently")
+                return old
+            self._families[family.name] = family
+            return family
+
+    def counter(self, name, help_text, labelnames=()):
+        return self._register(_PromCounter(name, help_text, labelnames))
+
+    def gauge(self, name, help_text, labelnames=()):
+        return self._register(_PromGauge(name, help_text, labelnames))
+
+    def histogram(self, name, help_text, labelnames=(), buckets=_SECONDS_BUCKETS):
+        return self._register(_PromHistogram(name, help_text, labelnames, buckets))
+
+    def __getitem__(self, name):
+        return self._families[name]
+
+    def __contains__(self, name):
+        return name in self._families
+
+    def add_collector(self, fn):
+        with self._lock:
+            self._collectors.append(fn)
+
+    def observe_request(self, entry):
+        """Update the request families from one request-log entry dict (see REQUEST_LOG_FIELDS)."""
+        outcome = entry.get("outcome") or "none"
+        status = entry.get("status")
+        self._families["ragproxy_requests_total"].inc(
+            model=entry.get("model") or "", outcome=outcome, status="" if status is None else str(status))
+        if outcome in RETRIEVAL_ATTEMPTED:
+            stages = dict(entry.get("retrieval_stages") or {})
+            if "total" not in stages and entry.get("retrieval_ms") is not None:
+                stages["total"] = float(entry["retrieval_ms"]) / 1000.0
+            retrieval = self._families["ragproxy_retrieval_seconds"]
+            for stage, seconds in stages.items():
+                if seconds is not None:
+                    retrieval.observe(seconds, stage=stage)
+            if entry.get("context_tokens") is not None:
+                self._families["ragproxy_context_tokens"].observe(entry["context_tokens"])
+        if entry.get("upstream_ms") is not None and entry.get("upstream"):
+            self._families["ragproxy_upstream_seconds"].observe(
+                float(entry["upstream_ms"]) / 1000.0, provider=entry["upstream"])
+
+    def observe_index(self, kb, indexed=0, skipped=0, deferred=0, errors=0):
+        """Count one indexing pass's files (e.g. from an IndexReport) for knowledge base ``kb``."""
+        files = self._families["ragproxy_index_files_total"]
+        for result, n in (("indexed", indexed), ("skipped", skipped), ("deferred", deferred)):
+            if n:
+                files.inc(n, kb=kb, result=result)
+        if errors:
+            self._families["ragproxy_index_errors_total"].inc(errors, kb=kb)
+
+    def _collect(self):
+        overrides = collections.defaultdict(dict)
+        with self._lock:
+            collectors = list(self._collectors)
+        for fn in collectors:
+            try:
+                for name, labels, value in fn() or ():
+                    family = self._families.get(name)
+                    if family is None or family.kind == "histogram":
+                        raise ValueError(f"collector reported unknown or histogram metric {name!r}")
+                    overrides[name][family._key(dict(labels or {}))] = float(value)
+            except Exception as exc:   # a broken collector must not take /metrics down
+                log.warning("metrics collector %r failed: %s", fn, exc)
+        return overrides
+
+    def render(self):
+        """The whole registry in Prometheus text format 0.0.4."""
+        overrides = self._collect()
+        with self._lock:
+            families = sorted(self._families.values(), key=lambda f: f.name)
+        lines = []
+        for family in families:
+            lines += family._header()
+            lines += family._samples(overrides.get(family.name, {}))
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,434 @@
+"""server: TODO docstring."""
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import http.server
+import io
+import logging
+import selectors
+import socket
+import threading
+import time
+
+from . import __version__
+from .api import ClientError, Request, StreamResponse, dialect_of, error_response
+from .defaults import DEFAULT_HOST
+from .http1 import (
+    MAX_HEADER_LINES,
+    HeadTooLarge,
+    buffered_head_lines,
+    parse_chunk_size,
+    parse_header_lines,
+    read_head_lines,
+    timed_reader,
+)
+
+log = logging.getLogger("ragproxy")
+
+
+# A thin adapter from http.server to App.handle(): parse the wire request,
+# enforce size limits, write the response in as few writes as possible (the
+# stdlib's separate header/body writes cost ~40 ms per keep-alive response under
+# Nagle and delayed ACK), and stop the upstream the moment a client goes away.
+
+_REASONS = {code: phrase for code, (phrase, _) in http.server.BaseHTTPRequestHandler.responses.items()}
+_REASONS.update({529: "Overloaded"})
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server_version = "ragproxy/" + __version__
+    sys_version = ""
+
+    def handle_one_request(self):
+        """Read, parse and serve one request.
+
+        The usual request arrives whole, so its request line and headers are
+        taken from the read buffer in one pass (see _buffered_head_lines).  A
+        head split across reads, or with bare LF line ends, goes through
+        http.server's own line-by-line reading and our parse_request, which
+        judge it the same way.
+        """
+        try:
+            lines = buffered_head_lines(self.rfile)
+            if not lines:
+                # Not all buffered, or not a clean CRLF head (a blank line first
+                # included): the stdlib path reads and judges it.
+                return super().handle_one_request()
+            self.raw_requestline = lines[0].encode("latin-1")
+            if not (self._start_line(lines[0]) and self._accept_headers(lines[1:])):
+                return
+            serve = getattr(self, "do_" + self.command, None)
+            if serve is None:
+                self.send_error(501, f"Unsupported method ({self.command!r})")
+                return
+            serve()
+        except (socket.timeout, TimeoutError, BlockingIOError) as exc:  # a read or a write timed out: drop it
+            self.log_error("Request timed out: %r", exc)
+            self.close_connection = True
+
+    def parse_request(self):
+        """http.server's hook, for heads read line by line: the request line is in raw_requestline."""
+        if not self._start_line(str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")):
+            return False
+        try:
+            lines = read_head_lines(self.rfile, MAX_HEADER_LINES)
+        except HeadTooLarge as exc:
+            self.send_error(431, str(exc))
+            return False
+        return self._accept_headers(lines)
+
+    def _start_line(self, requestline):
+        """The stdlib's checks of the request line; False (an error sent) if it is bad."""
+        self.command = None
+        self.request_version = "HTTP/0.9"
+        self.close_connection = True
+        self.requestline = requestline
+        words = requestline.split()
+        if not words:
+            return False
+        if len(words) != 3:
+            self.send_error(400, f"Bad request syntax ({requestline!r})")
+            return False
+        command, path, version = words
+        before_11 = False
+        if version != "HTTP/1.1":  # the usual one needs no parsing
+            major, dot, minor = version[5:].partition(".")
+            if not (version.startswith("HTTP/") and dot and major.isdigit() and minor.isdigit()
+                    and len(major) <= 10 and len(minor) <= 10):
+                self.send_error(400, f"Bad request version ({version!r})")
+                return False
+            if int(major) >= 2:
+                self.send_error(505, f"Invalid HTTP version ({version[5:]})")
+                return False
+            before_11 = (int(major), int(minor)) < (1, 1)
+        self._before_11 = self.close_connection = before_11
+        self.request_version = version
+        self.command, self.path = command, path
+        if path.startswith("//"):
+            self.path = "/" + path.lstrip("/")
+        return True
+
+    def _accept_headers(self, lines):
+        """Parse the header lines and act on Connection and Expect as http.server does."""
+        if len(lines) > MAX_HEADER_LINES:
+            self.send_error(431, "Too many headers")
+            return False
+        try:
+            self.headers = headers = parse_header_lines(lines)
+        except ValueError as exc:
+            self.send_error(400, str(exc))
+            return False
+        self.header_bytes = sum(map(len, lines)) + 2 * len(lines)
+        conntype = headers.get("connection")
+        if conntype is not None:
+            conntype = conntype.lower()
+            if conntype == "close":
+                self.close_connection = True
+            elif conntype == "keep-alive":
+                self.close_connection = False
+        expect = headers.get("expect")
+        if expect is not None and expect.lower() == "100-continue" and not self._before_11:
+            if not self.handle_expect_100():
+                return False
+        return True
+
+    def log_request(self, code="-", size="-"):
+        if log.isEnabledFor(logging.DEBUG):
+            super().log_request(code, size)
+
+    def setup(self):
+        super().setup()  # no self.timeout: the connection's timeouts are set below
+        self.rfile.close()  # the stdlib's reader; closing it lets the socket close with the connection
+        self.rfile = timed_reader(self.connection, self.server.app.config.server["client_timeout"],
+                                   io.DEFAULT_BUFFER_SIZE)
+
+    # BaseHTTPRequestHandler reports its own parse errors (bad request line,
+    # 414, 431, 501) through send_error; answer those in JSON too.
+    def send_error(self, code, message=None, explain=None):
+        self.close_connection = True
+        text = message or _REASONS.get(code, "error")
+        path = (getattr(self, "path", "") or "/").partition("?")[0]
+        self._write(error_response(dialect_of(path), code, text))
+
+    def handle_expect_100(self):
+        limit = self.server.app.config.server["max_body_bytes"]
+        length = self.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            self.send_error(413, f"request body is larger than {limit} bytes")
+            return False
+        return super().handle_expect_100()
+
+    def log_message(self, format, *args):
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _serve(self):
+        app = self.server.app
+        limits = app.config.server
+        path, _, query = self.path.partition("?")
+        headers = self.headers
+        stream = None
+        try:
+            if self.header_bytes > limits["max_header_bytes"]:
+                raise ClientError(431, f"request headers are larger than {limits['max_header_bytes']} bytes")
+            if app.wants_body_stream(self.command, path):
+                body, stream = b"", self._body_stream(headers)
+            else:
+                body = self._read_body(headers, limits["max_body_bytes"])
+        except ClientError as exc:
+            self.close_connection = True  # the unread body would be parsed as the next request
+            self._write(error_response(dialect_of(path), exc.status, exc.message, exc.code))
+            return
+        except (socket.timeout, TimeoutError):
+            self.close_connection = True
+            self._write(error_response(dialect_of(path), 408, "timed out reading the request body"))
+            return
+        request = Request(self.command, path, query, headers, body, self.client_address[0], stream)
+        try:
+            response = app.handle(request)
+        except (socket.timeout, TimeoutError):
+            self.close_connection = True
+            response = error_response(dialect_of(path), 408, "timed out reading the request body")
+        except Exception:
+            log.exception("internal error handling %s %s", self.command, path)
+            response = error_response(dialect_of(path), 500, "internal error in ragproxy (details are in its log)")
+        if stream is not None and stream.remaining:
+            self.close_connection = True  # refused before the body was read: the rest is not a request
+        if isinstance(response, StreamResponse):
+            self._write_stream(response)
+        else:
+            self._write(response)
+
+    do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _serve
+
+    def _read_body(self, headers, limit):
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return self._read_chunked(limit)
+        length = headers.get("content-length")
+        if length is None:
+            return b""
+        if not length.strip().isdigit():
+            raise ClientError(400, f"invalid Content-Length: {length!r}")
+        length = int(length)
+        if length > limit:
+            raise ClientError(413, f"request body is {length} bytes; the limit is {limit} "
+                                   "(server.max_body_bytes)", "request_too_large")
+        body = self.rfile.read(length)
+        if len(body) < length:
+            raise ClientError(400, "request body ended early")
+        return body
+
+    def _body_stream(self, headers):
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            raise ClientError(411, "uploads need a Content-Length (chunked uploads are not supported)",
+                              "length_required")
+        length = headers.get("content-length", "0")
+        if not length.strip().isdigit():
+            raise ClientError(400, f"invalid Content-Length: {length!r}")
+        return _BodyReader(self.rfile, int(length))
+
+    def _read_chunked(self, limit):
+        parts, size = [], 0
+        while True:
+            line = self.rfile.readline(1026)
+            try:
+                chunk_size = parse_chunk_size(line)
+            except ValueError:
+                raise ClientError(400, "malformed chunked request body") from None
+            if chunk_size == 0:
+                while self.rfile.readline(8194).strip():  # trailers, ignored
+                    pass
+                return b"".join(parts)
+            size += chunk_size
+            if size > limit:
+                raise ClientError(413, f"request body is larger than {limit} bytes (server.max_body_bytes)",
+                                  "request_too_large")
+            data = self.rfile.read(chunk_size)
+            if len(data) < chunk_size or self.rfile.read(2) != b"\r\n":
+                raise ClientError(400, "malformed chunked request body")
+            parts.append(data)
+
+    def _head(self, status, headers, framing):
+        text = "\r\n".join([f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
+                            + [f"{name}: {value}" for name, value in headers] + [framing])
+        # One lower() of the whole head finds a Server or Date the upstream
+        # sent; header values never hold a line break, so "\r\nname:" is a line start.
+        lowered = text.lower()
+        if "\r\nserver:" not in lowered:
+            text += "\r\nServer: " + self.server_version
+        if "\r\ndate:" not in lowered:
+            text += "\r\nDate: " + self.server.http_date()
+        if self.close_connection:
+            text += "\r\nConnection: close"
+        return (text + "\r\n\r\n").encode("latin-1", "replace")
+
+    def _write(self, response):
+        body = b"" if self.command == "HEAD" else response.body
+        head = self._head(response.status, response.headers, f"Content-Length: {len(response.body)}")
+        try:
+            self.connection.sendall(head + body)
+        except OSError:
+            self.close_connection = True
+        self.log_request(response.status, len(response.body))
+        if response.after is not None:
+            try:
+                response.after()
+            except Exception:
+                log.exception("after answering %s %s", self.command, self.path)
+
+    def _write_stream(self, response):
+        chunked = self.request_version != "HTTP/1.0"
+        if not chunked:
+            self.close_connection = True  # HTTP/1.0: the end of the body is the end of the connection
+        hangups = self.server.hangups
+        send = self.connection.sendall  # not wfile: its write() is a Python layer over this, per event
+        try:
+            send(self._head(response.status, response.headers,
+                            "Transfer-Encoding: chunked" if chunked else "Cache-Control: no-cache"))
+            hangups.watch(self.connection, response.on_hangup or response.close)
+            for data in response.chunks:
+                if data:
+                    send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+            if chunked:
+                send(b"0\r\n\r\n")
+        except OSError as exc:  # the client went away: stop the upstream now
+            log.debug("client %s disconnected mid-stream: %s", self.address_string(), exc)
+            self.close_connection = True
+        finally:
+            hangups.unwatch(self.connection)
+            response.close()
+            with contextlib.suppress(Exception):
+                response.chunks.close()
+        self.log_request(response.status, "-")
+
+
+class _BodyReader:
+    """The unread request body: ``read(n)`` stops at Content-Length."""
+
+    def __init__(self, rfile, length):
+        self.rfile, self.remaining = rfile, length
+
+    def read(self, n=-1):
+        if self.remaining <= 0:
+            return b""
+        n = self.remaining if n is None or n < 0 else min(n, self.remaining)
+        data = self.rfile.read(n)
+        self.remaining -= len(data)
+        if not data:
+            self.remaining = 0
+        return data
+
+
+class _HangupWatcher:
+    """Calls a stream's ``on_hangup`` when its client closes the connection.
+
+    Without this a client that leaves while the model is thinking is noticed
+    only at the next write, and the upstream keeps generating until then.  One
+    thread serves every stream: a thread per stream cost ~50 us of CPU and, on
+    a busy machine, up to milliseconds before the first event while
+    Thread.start() waited for the new thread to be scheduled.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = None
+        self._closed = False
+
+    def watch(self, sock, on_hangup):
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._selector.register(sock, selectors.EVENT_READ, on_hangup)
+            except (KeyError, ValueError, OSError):
+                return  # already watched, or already closed
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ragproxy-hangups", daemon=True)
+                self._thread.start()
+
+    def unwatch(self, sock):
+        with self._lock:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(sock)
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _run(self):
+        while True:
+            try:
+                events = self._selector.select(1.0)
+            except (OSError, ValueError):  # a socket closed under us: drop the dead ones
+                self._drop_closed()
+                continue
+            for key, _ in events:
+                if key.data is None:
+                    with self._lock:
+                        if self._closed:
+                            self._selector.close()
+                            self._wake_r.close()
+                            self._wake_w.close()
+                            return
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(64)
+                    continue
+                try:
+                    gone = key.fileobj.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    gone = True
+                # EOF: the client left.  Data: its next request; nothing left to watch for.
+                with self._lock:
+                    with contextlib.suppress(KeyError, ValueError, OSError):
+                        self._selector.unregister(key.fileobj)
+                if gone:
+                    key.data()
+
+    def _drop_closed(self):
+        with self._lock:
+            for key in list(self._selector.get_map().values()):
+                if key.data is not None and key.fileobj.fileno() < 0:
+                    self._selector.unregister(key.fileobj)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+    allow_reuse_address = True
+
+    def __init__(self, address, app):
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.app = app
+        self.hangups = _HangupWatcher()
+        self._date = (None, "")
+        super().__init__(address, _Handler)
+
+    def http_date(self, clock=time.time):
+        """The Date header's text, formatted once per second rather than per response."""
+        second = int(clock())
+        cached_second, text = self._date
+        if second != cached_second:
+            text = email.utils.formatdate(second, usegmt=True)
+            self._date = (second, text)
+        return text
+
+    def server_close(self):
+        super().server_close()
+        self.hangups.close()
+
+    def handle_error(self, request, client_address):
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+
+def make_server(app, host=DEFAULT_HOST, port=0):
+    """A bound (not yet serving) threaded HTTP server for ``app``."""
+    return _Server((host, port), app)

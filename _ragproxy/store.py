@@ -1,0 +1,816 @@
+"""store: TODO docstring."""
+from __future__ import annotations
+
+import array
+import collections
+import contextlib
+import errno
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+import weakref
+
+from . import deps
+from .dense import (
+    binary_width,
+    compact_rows,
+    dense_top_k,
+    dense_top_k_binary,
+    dense_top_k_compact,
+    normalise_rows,
+)
+from .files import fsync_path
+from .npy import NpyAppender, NpyArray, StoreError, npy_read_array, npy_write_array
+
+log = logging.getLogger("ragproxy")
+
+
+# --- generations on disk ------------------------------------------------------
+
+_GEN_RE = re.compile(r"g(\d{6,})\Z")
+_TEMP_RE = re.compile(r"\.(tmp|trash)-(\d+)-[0-9a-f]+\Z")
+_FILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_STORE_FORMAT = 1
+_CHUNKS = "chunks.jsonl"
+_OFFSETS = "chunks.idx.npy"
+_VECTORS = "vectors.npy"
+_COMPACT_FILES = {"f16": ("vectors.f16.npy", None), "i8": ("vectors.i8.npy", "vectors.i8scale.npy"),
+                  "b1": ("vectors.b1.npy", None)}
+_COMPACT_DTYPES = {"f16": "<f2", "i8": "|i1", "b1": "|u1"}
+_MANIFEST = "manifest.json"
+_META = "meta.json"
+_RESERVED = {_CHUNKS, _OFFSETS, _VECTORS, _MANIFEST, _META}.union(
+    name for pair in _COMPACT_FILES.values() for name in pair if name)
+# Temp dirs of a process we cannot probe (Windows) are stale after this long.
+_STALE_TEMP_SECONDS = 86400
+
+
+def _pid_alive(pid):
+    if os.name == "nt":
+        return None  # os.kill(pid, 0) would send CTRL_C_EVENT; unknown
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _flock_module():
+    """fcntl where commits can be locked across processes, else None (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    return fcntl
+
+
+def _pread(fd, length, offset, lock):
+    if hasattr(os, "pread"):
+        return os.pread(fd, length, offset)
+    with lock:
+        os.lseek(fd, offset, os.SEEK_SET)
+        return os.read(fd, length)
+
+
+def _check_file_name(name):
+    if not isinstance(name, str) or not _FILE_NAME_RE.match(name):
+        raise ValueError("bad file name %r: use letters, digits, '.', '_' and '-'" % (name,))
+    if name in _RESERVED:
+        raise ValueError("%r is written by the store itself" % name)
+
+
+class _Registry:
+    """Process-wide bookkeeping shared by every KBStore on the same directory."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.live = collections.Counter()  # (root, generation name) -> open Generations
+        self.writing = set()               # temp dirs of writers in this process
+        self.root_locks = {}               # root -> threading.Lock for commits
+        # Generations are released by weakref finalizers, which the garbage
+        # collector may run inside any allocation, including one made while
+        # this thread holds self.lock: taking the lock there deadlocked (seen
+        # in CI).  So release() only queues (deque.append is atomic) and the
+        # queue is settled by whoever next holds the lock.
+        self._released = collections.deque()
+
+    def root_lock(self, root):
+        with self.lock:
+            return self.root_locks.setdefault(root, threading.Lock())
+
+    def retain(self, key):
+        with self.lock:
+            self._settle()
+            self.live[key] += 1
+
+    def release(self, key):
+        self._released.append(key)
+
+    def _settle(self):
+        while self._released:
+            key = self._released.popleft()
+            self.live[key] -= 1
+            if self.live[key] <= 0:
+                del self.live[key]
+
+    def open_names(self, root):
+        with self.lock:
+            self._settle()
+            return {name for r, name in list(self.live) if r == root}
+
+
+_REGISTRY = _Registry()
+
+
+def _close_fd(fd):
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+class _ChunkList:
+    """The chunks of a generation, read from chunks.jsonl on demand.
+
+    chunks.idx.npy holds the byte offset of every line (plus the end), so
+    chunk i costs one pread however large the file is.
+    """
+
+    def __init__(self, fd, offsets, count):
+        self._fd, self._offsets, self._count = fd, offsets, count
+        self._lock = threading.Lock()
+        # The list owns the descriptor: it may outlive its Generation.
+        self._closer = weakref.finalize(self, _close_fd, fd)
+
+    def close(self):
+        self._closer()
+
+    def __len__(self):
+        return self._count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self._count)
+            if step == 1:
+                return self._read_range(start, stop) if start < stop else []
+            return [self[j] for j in range(start, stop, step)]
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError("chunk %d out of range for %d chunks" % (i, self._count))
+        return self._read_range(i, i + 1)[0]
+
+    def _read_range(self, start, stop):
+        lines = self.raw_range(start, stop).split(b"\n")
+        return [json.loads(line) for line in lines[:stop - start]]
+
+    def raw_range(self, start, stop):
+        """Chunks start..stop-1 as their stored JSON lines (for copying)."""
+        a, b = int(self._offsets[start]), int(self._offsets[stop])
+        data = _pread(self._fd, b - a, a, self._lock)
+        if len(data) != b - a:
+            raise StoreError("chunks.jsonl is shorter than its index")
+        return data
+
+    def __iter__(self):
+        step = 4096
+        for start in range(0, self._count, step):
+            yield from self._read_range(start, min(self._count, start + step))
+
+    def get_many(self, rows):
+        return [self[i] for i in rows]
+
+
+class Generation:
+    """One committed, immutable snapshot of a knowledge base.
+
+    Opening maps the index and vector files and opens chunks.jsonl, so it
+    costs the same at a thousand chunks as at a million, and a reader keeps
+    working after a later commit replaces it (on POSIX even after its
+    directory is collected).
+    """
+
+    def __init__(self, root, name):
+        m = _GEN_RE.match(name)
+        if not m:
+            raise StoreError("%r is not a generation name" % name)
+        self.root, self.name, self.number = root, name, int(m.group(1))
+        self.dir = os.path.join(root, name)
+        self.meta = meta = self._read_meta()
+        count = meta["chunks"]
+        arrays = []
+        self.offsets = npy_read_array(self.path(_OFFSETS))
+        arrays.append(self.offsets)
+        if len(self.offsets) != count + 1:
+            raise StoreError("%s: index has %d entries for %d chunks" % (self.dir, len(self.offsets), count))
+        self.vectors = self._open_rows(_VECTORS, count, arrays) if meta.get("dim") is not None else None
+        self.compact_kind = meta.get("compact")
+        self.compact = self.compact_scales = None
+        if self.compact_kind:
+            data_name, scale_name = _COMPACT_FILES[self.compact_kind]
+            self.compact = self._open_rows(data_name, count, arrays)
+            if scale_name:
+                self.compact_scales = self._open_rows(scale_name, count, arrays)
+        fd = os.open(self.path(_CHUNKS), os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        self.chunks = _ChunkList(fd, self.offsets, count)
+        self._arrays = arrays
+        self._manifest = None
+        self._rows_by_id = None
+        key = (root, name)
+        _REGISTRY.retain(key)
+        # Garbage collection only unregisters: arrays and chunks handed out
+        # keep their own files open until they are dropped too.
+        self._finalizer = weakref.finalize(self, _REGISTRY.release, key)
+
+    def _read_meta(self):
+        try:
+            with open(self.path(_META), "rb") as f:
+                meta = json.loads(f.read().decode("utf-8"))
+        except FileNotFoundError:
+            raise StoreError("%s: no %s (not a complete generation)" % (self.dir, _META)) from None
+        except ValueError as e:
+            raise StoreError("%s: bad %s: %s" % (self.dir, _META, e)) from None
+        if not isinstance(meta, dict) or meta.get("format") != _STORE_FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else meta
+            raise StoreError("%s: unknown store format %r" % (self.dir, found))
+        if not isinstance(meta.get("chunks"), int) or meta.get("compact") not in (None,) + tuple(_COMPACT_FILES):
+            raise StoreError("%s: bad %s" % (self.dir, _META))
+        # Sizes recorded at commit catch a generation damaged after the fact.
+        for fname, size in meta.get("files", {}).items():
+            try:
+                actual = os.stat(self.path(fname)).st_size
+            except FileNotFoundError:
+                raise StoreError("%s: missing %s" % (self.dir, fname)) from None
+            if actual != size:
+                raise StoreError("%s: %s is %d bytes, committed as %d" % (self.dir, fname, actual, size))
+        return meta
+
+    def _open_rows(self, fname, count, arrays):
+        arr = npy_read_array(self.path(fname))
+        arrays.append(arr)
+        if len(arr) != count:
+            raise StoreError("%s: %s has %d rows for %d chunks" % (self.dir, fname, len(arr), count))
+        return arr
+
+    @property
+    def dim(self):
+        """Vector dimension, or None for a lexical-only knowledge base."""
+        return self.meta.get("dim")
+
+    def __len__(self):
+        return len(self.chunks)
+
+    def path(self, name):
+        """Path of a file in this generation (extra files the writer added)."""
+        return os.path.join(self.dir, name)
+
+    def has(self, name):
+        return name in self.meta.get("files", {})
+
+    def files(self):
+        return sorted(self.meta.get("files", {}))
+
+    def read_file(self, name):
+        with open(self.path(name), "rb") as f:
+            return f.read()
+
+    @property
+    def manifest(self):
+        """source path -> {size, mtime, hash, chunk_ids}: loaded on first use."""
+        if self._manifest is None:
+            self._manifest = json.loads(self.read_file(_MANIFEST).decode("utf-8"))
+        return self._manifest
+
+    def rows_for_ids(self, ids):
+        """Row numbers of the given chunk ids (unknown ids are skipped).
+
+        The id index is built on first use by reading every chunk once.
+        """
+        if self._rows_by_id is None:
+            self._rows_by_id = {c.get("id"): i for i, c in enumerate(self.chunks)}
+        table = self._rows_by_id
+        return [table[i] for i in ids if i in table]
+
+    def dense_search(self, query_vec, k, candidates=None, oversample=None, use_compact=None):
+        """Cosine top-k over this generation's vectors: [(row, score)], best first.
+
+        use_compact None (auto) scans the compact copy first when numpy is
+        active and the copy is int8 or binary: those scan faster than
+        float32 (binary several times faster), float16 does not (numpy has
+        no fast float16 path; that copy only saves memory).  True/False
+        force it.  The best k*oversample rows of the compact scan are
+        re-scored exactly (default 4 for int8 and float16, binary_pool()
+        for binary codes).
+        """
+        if self.vectors is None:
+            return []
+        if use_compact is None:
+            use_compact = self.compact_kind in ("i8", "b1") and deps.np is not None
+        if not use_compact or self.compact is None:
+            return dense_top_k(self.vectors, query_vec, k, candidates)
+        if self.compact_kind == "b1":
+            pool = None if oversample is None else int(k * oversample)
+            return dense_top_k_binary(self.compact, self.vectors, query_vec, k, pool, candidates)
+        return dense_top_k_compact(self.compact, self.vectors, query_vec, k, 4 if oversample is None else oversample,
+                                   self.compact_scales, candidates)
+
+    def close(self):
+        """Release file handles now; arrays and chunks taken from it stop working."""
+        self._finalizer()
+        self.chunks.close()
+        for arr in self._arrays:
+            if isinstance(arr, NpyArray):
+                arr.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<Generation %s: %d chunks, dim %s>" % (self.dir, len(self.chunks), self.dim)
+
+
+class GenerationWriter:
+    """Builds the next generation in a private temp directory.
+
+    Use as ``with store.begin() as w:``; a clean exit commits, an exception
+    deletes everything written.  Chunks and vectors may be added in batches
+    (they stream to disk); their counts must match at commit.
+    """
+
+    def __init__(self, store, compact=None):
+        if compact is not None and compact not in _COMPACT_FILES:
+            raise ValueError("compact must be None, 'f16', 'i8' or 'b1', not %r" % (compact,))
+        self._store = store
+        self.compact_kind = compact
+        self.dir = os.path.join(store.root, ".tmp-%d-%s" % (os.getpid(), secrets.token_hex(4)))
+        # Registered before it exists, so a clean-up in another thread of this
+        # process never takes it for an abandoned one.
+        with _REGISTRY.lock:
+            _REGISTRY.writing.add(self.dir)
+        try:
+            os.mkdir(self.dir)
+        except BaseException:
+            with _REGISTRY.lock:
+                _REGISTRY.writing.discard(self.dir)
+            raise
+        self._chunks = open(os.path.join(self.dir, _CHUNKS), "wb")
+        self._offsets = array.array("q", [0])
+        self._vectors = self._compact = self._scales = None
+        self._manifest = {}
+        self.generation = None
+        self._done = False
+
+    @property
+    def chunk_count(self):
+        return len(self._offsets) - 1
+
+    @property
+    def vector_count(self):
+        return self._vectors.rows if self._vectors is not None else 0
+
+    def add_chunks(self, chunks):
+        """Append chunk dicts; returns the new chunk count."""
+        self._check_open()
+        write, offsets = self._chunks.write, self._offsets
+        end = offsets[-1]
+        for chunk in chunks:
+            if not isinstance(chunk, dict):
+                raise TypeError("a chunk must be a dict, not %s" % type(chunk).__name__)
+            line = json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+            write(line)
+            end += len(line)
+            offsets.append(end)
+        return self.chunk_count
+
+    def add_vectors(self, rows, normalize=True):
+        """Append embedding rows (numpy 2-D array or sequences), L2-normalised."""
+        np = deps.np
+        self._check_open()
+        if normalize:
+            rows = normalise_rows(rows)
+        elif np is not None:
+            rows = np.asarray(rows, dtype=np.float32)
+            if rows.ndim != 2:
+                raise ValueError("vectors must be 2-D, got shape %r" % (rows.shape,))
+        else:
+            rows = [list(r) for r in rows]
+        if not len(rows):
+            return self.vector_count
+        dim = rows.shape[1] if np is not None else len(rows[0])
+        self._open_vectors(dim)
+        self._vectors.append(rows)
+        if self._compact is not None:
+            small, scales = compact_rows(rows, self.compact_kind)
+            self._compact.append(small)
+            if scales is not None:
+                self._scales.append(scales)
+        return self.vector_count
+
+    def set_vectors(self, matrix, normalize=True):
+        """All vectors at once (same as one add_vectors on an empty writer)."""
+        if self._vectors is not None and self._vectors.rows:
+            raise StoreError("vectors were already added to this writer")
+        return self.add_vectors(matrix, normalize)
+
+    def _open_vectors(self, dim):
+        if self._vectors is not None:
+            if dim != self._vectors.row_dim:
+                raise ValueError("vectors have %d dimensions, earlier ones had %d" % (dim, self._vectors.row_dim))
+            return
+        self._vectors = NpyAppender(os.path.join(self.dir, _VECTORS), "<f4", dim)
+        if self.compact_kind:
+            data_name, scale_name = _COMPACT_FILES[self.compact_kind]
+            width = binary_width(dim) if self.compact_kind == "b1" else dim
+            self._compact = NpyAppender(os.path.join(self.dir, data_name), _COMPACT_DTYPES[self.compact_kind], width)
+            if scale_name:
+                self._scales = NpyAppender(os.path.join(self.dir, scale_name), "<f4")
+
+    def copy_rows(self, generation, rows):
+        """Append chunks (as stored) and their vectors from an older generation.
+
+        For incremental re-indexing: unchanged sources are carried over without
+        re-encoding or re-embedding.
+        """
+        np = deps.np
+        self._check_open()
+        rows = list(rows)
+        if not rows:
+            return self.chunk_count
+        has_vectors = generation.vectors is not None
+        if has_vectors and self.vector_count != self.chunk_count:
+            raise StoreError("copy_rows needs as many vectors as chunks so far (%d vs %d)"
+                             % (self.vector_count, self.chunk_count))
+        end = self._offsets[-1]
+        src_offsets = generation.offsets
+        run_start = 0
+        for pos in range(1, len(rows) + 1):
+            # One read per run of consecutive rows: unchanged sources are
+            # contiguous, so a big carry-over is a few large reads.
+            if pos < len(rows) and rows[pos] == rows[pos - 1] + 1:
+                continue
+            first, last = rows[run_start], rows[pos - 1]
+            if not 0 <= first <= last < len(generation.chunks):
+                raise IndexError("rows %d..%d out of range for %d chunks" % (first, last, len(generation.chunks)))
+            self._chunks.write(generation.chunks.raw_range(first, last + 1))
+            base = int(src_offsets[first])
+            for i in range(first + 1, last + 2):
+                self._offsets.append(end + int(src_offsets[i]) - base)
+            end = self._offsets[-1]
+            run_start = pos
+        if not has_vectors:
+            return self.chunk_count
+        self._open_vectors(generation.dim)
+        src = generation.vectors
+        if np is not None:
+            self.add_vectors(src[np.asarray(rows, dtype=np.int64)], normalize=False)
+        else:
+            self._vectors.append_raw(b"".join(src.row_bytes(i) for i in rows), len(rows))
+            if self._compact is not None:
+                small, scales = compact_rows([list(src.row(i)) for i in rows], self.compact_kind)
+                self._compact.append(small)
+                if scales is not None:
+                    self._scales.append(scales)
+        return self.chunk_count
+
+    def set_manifest(self, manifest):
+        """source path -> {size, mtime, hash, chunk_ids}; any JSON object."""
+        if not isinstance(manifest, dict):
+            raise TypeError("manifest must be a dict")
+        self._manifest = manifest
+
+    def path(self, name):
+        """Path for a caller-written extra file; it is committed with the rest."""
+        _check_file_name(name)
+        return os.path.join(self.dir, name)
+
+    def write_file(self, name, data):
+        """Write an extra file (bytes) into the generation."""
+        self._check_open()
+        with open(self.path(name), "wb") as f:
+            f.write(data)
+
+    def copy_file(self, generation, name):
+        """Carry an extra file over from an older generation (hard link when possible)."""
+        dest = self.path(name)
+        try:
+            os.link(generation.path(name), dest)
+        except OSError:
+            shutil.copyfile(generation.path(name), dest)
+
+    def _check_open(self):
+        if self._done:
+            raise StoreError("this writer has already been committed or aborted")
+
+    def commit(self):
+        """Make this generation current; returns it as a Generation."""
+        self._check_open()
+        self._done = True
+        try:
+            self._finish_files()
+            self.generation = self._store._commit(self.dir)
+        except BaseException:
+            self._remove()
+            raise
+        with _REGISTRY.lock:
+            _REGISTRY.writing.discard(self.dir)
+        return self.generation
+
+    def _finish_files(self):
+        count = self.chunk_count
+        self._chunks.close()
+        # Every file is fsynced once, below, including ones callers wrote.
+        npy_write_array(os.path.join(self.dir, _OFFSETS), self._offsets, "<i8", fsync=False)
+        dim = None
+        if self._vectors is not None:
+            dim = self._vectors.row_dim
+            for appender in (self._vectors, self._compact, self._scales):
+                if appender is None:
+                    continue
+                appender.close()
+                if appender.rows != count:
+                    raise StoreError("%d vectors for %d chunks in %s"
+                                     % (appender.rows, count, os.path.basename(appender.path)))
+        with open(os.path.join(self.dir, _MANIFEST), "wb") as f:
+            f.write(json.dumps(self._manifest, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+        files = {}
+        for fname in sorted(os.listdir(self.dir)):
+            p = os.path.join(self.dir, fname)
+            if not os.path.isfile(p):
+                raise StoreError("%s: only plain files may go in a generation" % fname)
+            fsync_path(p)
+            files[fname] = os.path.getsize(p)
+        meta = {"format": _STORE_FORMAT, "chunks": count, "dim": dim,
+                "compact": self.compact_kind if dim is not None else None,
+                "created": time.time(), "files": files}
+        meta_path = os.path.join(self.dir, _META)
+        with open(meta_path, "wb") as f:
+            f.write(json.dumps(meta, indent=1, sort_keys=True).encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_path(self.dir, directory=True)
+
+    def abort(self):
+        """Throw away everything written; the current generation is untouched."""
+        if self._done:
+            return
+        self._done = True
+        self._remove()
+
+    def _remove(self):
+        for appender in (self._vectors, self._compact, self._scales):
+            if appender is not None:
+                appender.discard()
+        self._chunks.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        with _REGISTRY.lock:
+            _REGISTRY.writing.discard(self.dir)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._done:  # committed or aborted explicitly inside the block
+            return False
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+        return False
+
+
+class KBStore:
+    """The generations of one knowledge base under `root` (DATA_DIR/vectordb/<kb>).
+
+    ``store.current()`` returns the committed Generation (or None for a new
+    KB); ``with store.begin() as w:`` writes and commits the next one.  The
+    current and the previous generation are kept, plus any this process
+    still holds open; older ones and abandoned temp dirs are removed on open
+    and after each commit.
+    """
+
+    def __init__(self, root, compact=None, create=True):
+        self.root = os.path.abspath(root)
+        self.compact = compact
+        if create:
+            os.makedirs(self.root, exist_ok=True)
+        elif not os.path.isdir(self.root):
+            raise StoreError("%s: no such knowledge base directory" % self.root)
+        self._lock = threading.Lock()
+        self._cached = None  # (CURRENT text, Generation)
+        self._warned = set()
+        with contextlib.suppress(OSError):
+            with self._commit_lock(blocking=False) as locked:
+                if locked:
+                    self._gc(keep=self._default_keep())
+
+    # -- reading --
+
+    def _read_current(self):
+        try:
+            with open(os.path.join(self.root, "CURRENT"), "rb") as f:
+                return f.read(64).decode("ascii", "replace").strip()
+        except FileNotFoundError:
+            return None
+
+    def committed(self):
+        """Names of committed generation directories, oldest first."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        gens = [n for n in names if _GEN_RE.match(n)]
+        return sorted(gens, key=lambda n: int(n[1:]))
+
+    def current(self):
+        """The committed Generation, or None if nothing was ever committed.
+
+        Cheap to call per request: it re-reads CURRENT and reuses the open
+        Generation while that is unchanged.
+        """
+        text = self._read_current()
+        with self._lock:
+            if self._cached is not None and self._cached[0] == text:
+                return self._cached[1]
+            text, gen = self._load(text)
+            self._cached = (text, gen) if gen is not None else None
+            return gen
+
+    def _warn_once(self, message, *args):
+        key = message % args
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
+
+    def _load(self, text, retries=3):
+        """(CURRENT text it stands for, Generation or None)."""
+        if text is not None:
+            if _GEN_RE.match(text):
+                try:
+                    return text, Generation(self.root, text)
+                except (StoreError, OSError) as e:
+                    # A commit elsewhere may have moved CURRENT on and collected
+                    # this generation while we were opening it.
+                    newer = self._read_current()
+                    if retries and newer != text:
+                        return self._load(newer, retries - 1)
+                    self._warn_once("%s: CURRENT names unusable generation %s (%s); using the newest complete one",
+                                    self.root, text, e)
+            else:
+                self._warn_once("%s: CURRENT holds %r, not a generation name; using the newest complete one",
+                                self.root, text[:20])
+        names = self.committed()
+        if text is None and names:
+            # Also seen, harmlessly, between the first commit's rename and CURRENT.
+            log.info("%s: CURRENT is missing; using the newest complete generation", self.root)
+        for name in reversed(names):
+            if name == text:
+                continue
+            try:
+                return text, Generation(self.root, name)
+            except (StoreError, OSError) as e:
+                self._warn_once("%s: skipping generation %s: %s", self.root, name, e)
+        return text, None
+
+    # -- writing --
+
+    def begin(self, compact=None):
+        """A writer for the next generation; commit by leaving the with-block."""
+        return GenerationWriter(self, compact if compact is not None else self.compact)
+
+    @contextlib.contextmanager
+    def _commit_lock(self, blocking=True):
+        """Serialise commits and GC: a thread lock plus flock(LOCK) across processes."""
+        tlock = _REGISTRY.root_lock(self.root)
+        if not tlock.acquire(blocking):
+            yield False
+            return
+        try:
+            fcntl = _flock_module()
+            if fcntl is None:  # Windows: rename collisions are still detected
+                yield True
+                return
+            fd = os.open(os.path.join(self.root, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    yield False
+                    return
+                yield True
+            finally:
+                os.close(fd)  # closing drops the flock
+        finally:
+            tlock.release()
+
+    def _commit(self, temp_dir):
+        with self._commit_lock():
+            previous = self._read_current()
+            names = self.committed()
+            numbers = [int(n[1:]) for n in names]
+            if previous and _GEN_RE.match(previous):
+                numbers.append(int(previous[1:]))
+            number = max(numbers, default=0) + 1
+            while True:
+                name = "g%06d" % number
+                target = os.path.join(self.root, name)
+                try:
+                    os.rename(temp_dir, target)
+                    break
+                except OSError as e:
+                    # Another writer without a working lock took this number.
+                    if e.errno not in (errno.EEXIST, errno.ENOTEMPTY) and not os.path.exists(target):
+                        raise
+                    number += 1
+            fsync_path(self.root, directory=True)
+            tmp = os.path.join(self.root, "CURRENT.tmp")
+            with open(tmp, "wb") as f:
+                f.write(name.encode("ascii") + b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, os.path.join(self.root, "CURRENT"))
+            fsync_path(self.root, directory=True)
+            gen = Generation(self.root, name)
+            with self._lock:
+                self._cached = (name, gen)
+            keep = {name}
+            if previous and _GEN_RE.match(previous):
+                keep.add(previous)
+            try:
+                self._gc(keep)
+            except OSError as e:
+                log.warning("%s: clean-up after commit failed: %s", self.root, e)
+        return gen
+
+    # -- clean-up --
+
+    def _default_keep(self):
+        """Current (or the fallback in use) and the newest generation before it."""
+        gen = self.current()
+        names = self.committed()
+        if gen is None:
+            return set(names[-1:])
+        older = [n for n in names if int(n[1:]) < gen.number]
+        return {gen.name} | set(older[-1:])
+
+    def gc(self):
+        """Remove old generations and abandoned temp dirs now (also done on open and commit)."""
+        with self._commit_lock():
+            self._gc(self._default_keep())
+
+    def _gc(self, keep):
+        """Delete what is not kept.  Caller holds the commit lock."""
+        keep = set(keep) | _REGISTRY.open_names(self.root)
+        # A generation newer than every kept one may be another process's
+        # commit between its rename and CURRENT; only the file lock rules that out.
+        newest_kept = max((int(n[1:]) for n in keep if _GEN_RE.match(n)), default=0)
+        cross_process = _flock_module() is not None
+        with _REGISTRY.lock:
+            writing = set(_REGISTRY.writing)
+        now = time.time()
+        for name in os.listdir(self.root):
+            path = os.path.join(self.root, name)
+            if _GEN_RE.match(name):
+                if name in keep or (not cross_process and int(name[1:]) > newest_kept):
+                    continue
+                # Rename first so a half-deleted generation can never look complete.
+                trash = os.path.join(self.root, ".trash-%d-%s" % (os.getpid(), secrets.token_hex(4)))
+                try:
+                    os.rename(path, trash)
+                except OSError as e:
+                    log.warning("%s: cannot remove old generation %s: %s", self.root, name, e)
+                    continue
+                shutil.rmtree(trash, ignore_errors=True)
+                continue
+            m = _TEMP_RE.match(name)
+            if m is None:
+                continue
+            pid = int(m.group(2))
+            if m.group(1) == "tmp":
+                if path in writing:
+                    continue
+                alive = False if pid == os.getpid() else _pid_alive(pid)
+                if alive is None:
+                    with contextlib.suppress(OSError):
+                        alive = now - os.stat(path).st_mtime < _STALE_TEMP_SECONDS
+                if alive:
+                    continue
+            shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.root, "CURRENT.tmp"))
+
+    def destroy(self):
+        """Delete the whole knowledge base directory."""
+        with self._lock:
+            self._cached = None
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __repr__(self):
+        return "<KBStore %s>" % self.root
