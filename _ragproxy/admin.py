@@ -1,4 +1,12 @@
-"""admin: TODO docstring."""
+"""The admin API under /admin/api/ and the web panel at /.
+
+Sessions are HS256 JWTs signed with the panel secret key; every change goes
+through ConfigFile (validated, atomic, previous file kept), so a restart
+comes back to the same state.  The route table is also the OpenAPI
+document.  The panel itself is static/panel.html, read beside the package.
+
+May import: api, config, deps, docfolder, embeddings, files, jsonbody, uploads, upstream.
+"""
 from __future__ import annotations
 
 import base64
@@ -19,12 +27,11 @@ import urllib.parse
 
 from . import __version__, deps
 from .api import ClientError, Response, json_bytes, json_response
-from .config import KB_NAME, ConfigError, copy_default
+from .config import KB_NAME, ConfigError, copy_default, valid_kb_name
 from .docfolder import read_manifest
 from .embeddings import EmbeddingClient, EmbeddingError, RerankClient, RerankError
 from .files import remove_leftover_dirs
 from .jsonbody import json_object_of
-from .kb import valid_kb_name
 from .uploads import UploadError, UploadLimits, Uploads
 from .upstream import UpstreamError
 
@@ -830,7 +837,8 @@ def _config_list(data, key):
 def _openapi_document():
     """OpenAPI 3.1 for the admin API, generated from the route table."""
     paths = {}
-    error = {"description": "Error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    error = {"description": "Error",
+             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     for route in _ADMIN_ROUTES:
         path = "/admin/api/" + route.pattern
         names = re.findall(r"\{(\w+)\}", route.pattern)

@@ -1,4 +1,14 @@
-"""api: TODO docstring."""
+"""The client APIs ragproxy speaks: endpoints, dialects, and the transport-neutral request and response.
+
+The four client APIs (OpenAI, Responses, Anthropic, Ollama) differ in error
+shapes, stream framing and how a failure after the first byte is reported.
+Everything format-specific the proxy, the admin API and the server need
+lives here, keyed by dialect name, with the types that pass between a
+transport and the application: Request, Response, StreamResponse and
+ClientError (a refusal rendered in the client's own error shape).
+
+May import: nothing (the standard library only).
+"""
 from __future__ import annotations
 
 import dataclasses

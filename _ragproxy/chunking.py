@@ -1,4 +1,25 @@
-"""chunking: TODO docstring."""
+"""Documents become retrieval-sized Chunks: chunk_document.
+
+By headings for prose, by symbols for code (Python through ast, other
+languages by bracket depth and indentation), by paragraphs or by a token
+window; "auto" picks by Document.kind.  Sizes are in estimated tokens
+(documents.count_tokens); the defaults and why are in ``defaults``.  Overlap
+lets a sentence cut at a chunk edge be found from either side, so only the
+token strategy (and sections too big for one chunk) overlap; code, paragraph
+and section chunks end at structural boundaries.
+
+Line numbers are 1-based and inclusive, in Document.text (the file's lines
+for text formats).  Code and section chunks hold exactly those lines
+(sections without trailing spaces); token chunks may begin or end inside a
+long line (sentence cuts) and keep one blank line where there were several.
+A single code line longer than the chunk is cut between words, each piece
+citing that line.  What retrieval should see besides the text (title and
+heading path, or path and symbol) is Chunk.context: index
+Chunk.index_text().  Chunk.hash covers that index text, so a renamed heading
+or a moved file re-embeds just the chunks it affects.
+
+May import: defaults, documents.
+"""
 from __future__ import annotations
 
 import ast

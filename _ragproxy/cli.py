@@ -1,4 +1,14 @@
-"""cli: TODO docstring."""
+"""The command line: ``python ragproxy.py [serve|index|search|kb|import] ...``.
+
+Parses arguments, prepares the data directory and logging, loads the config
+and runs a command: serve wires App, Admin, the server and the config
+watcher together and handles signals.  Each command imports the modules it
+uses inside its function, so a command loads only what it needs:
+``--version`` imports nothing beyond this module and ``deps``
+(bench/startup.py measures it).
+
+May import: every other module.
+"""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,15 @@
-"""config: TODO docstring."""
+"""The configuration: schema, validation, Config and its parts, config.yaml on disk, reloads.
+
+config.yaml is validated against a declarative schema: every key path is
+known, so a typo is an error with its line number instead of a silently
+ignored setting.  Precedence is CLI > environment > file > defaults; the
+defaults shared with the code that applies them come from ``defaults``.
+ConfigFile reads and writes the file (validated, atomic, the previous one
+kept as .bak); ConfigWatcher reloads it when it changes or on SIGHUP.  Also
+owns the knowledge-base naming rule (KB_NAME), since names become paths.
+
+May import: defaults, files, yamlish.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -264,6 +275,12 @@ _SCHEMA = {
 
 # Knowledge-base names become directory names: no separators, no dot-only names.
 KB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def valid_kb_name(name):
+    return isinstance(name, str) and bool(KB_NAME.match(name))
+
+
 _ENV_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 

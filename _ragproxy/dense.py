@@ -1,4 +1,12 @@
-"""dense: TODO docstring."""
+"""Dense search: exact cosine top-k over float32 rows, and the compact copies beside them.
+
+numpy when it is present (``deps.np``), else plain Python.  A knowledge base
+may keep int8 or float16 rows, or one sign bit per dimension, scanned first
+and then re-scored exactly.  Functions of arrays only; the store keeps the
+arrays on disk and picks which search a generation gets.
+
+May import: deps, npy.
+"""
 from __future__ import annotations
 
 import functools

@@ -18,7 +18,7 @@ dependency on first read.  ``installed()`` says what a probe would find
 without importing anything, for ``--version``: importing numpy alone takes
 longer than starting Python.
 
-May import: the standard library only.
+May import: nothing (the standard library only).
 """
 from __future__ import annotations
 

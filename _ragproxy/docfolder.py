@@ -1,4 +1,12 @@
-"""docfolder: TODO docstring."""
+"""A knowledge base's documents folder and its upload manifest.
+
+DATA_DIR/documents/<kb>/ holds what was dropped there or uploaded from the
+panel.  Uploads are stored under random names; manifest.json (UPLOAD_MANIFEST)
+maps each stored name to the name the operator uploaded.  ``uploads`` writes
+it, ``kb`` reads it to cite files by their real names, ``admin`` lists it.
+
+May import: files.
+"""
 from __future__ import annotations
 
 import json

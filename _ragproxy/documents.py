@@ -1,4 +1,22 @@
-"""documents: TODO docstring."""
+r"""Files become Documents: text extraction for every format ragproxy indexes.
+
+extract() turns bytes into Documents (Markdown, reStructuredText, HTML, DOCX,
+PDF through ``deps.pypdf``, notebooks, code, config files, BEIR JSONL); the
+chunking module turns Documents into Chunks.  Pure functions over bytes and
+strings: the caller does the directory walk, the manifest and the I/O.  Also
+owns what ragproxy knows of the formats' structure that both need: the file
+type tables and the Markdown/RST heading scanners.
+
+Sizes are in *estimated tokens*: whitespace-separated words plus ASCII
+punctuation characters plus CJK characters (count_tokens).  That tracks BPE
+tokenizers within ~10-20% for English prose and for code alike, where a
+plain word count undercounts code two- to threefold ("x = self.load(path)" is
+3 words, 7 estimated tokens, ~8 BPE tokens).  It costs one str.split and one
+bytes.translate per text: 0.4 s for the 31 MB of the stdlib's .py files,
+within 2% of a regex tokenizer (\w+|[^\w\s]) that takes 3.6 s.
+
+May import: defaults, deps.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +27,7 @@ import logging
 import re
 import zipfile
 
+from . import deps
 from .defaults import DEFAULT_MAX_BYTES
 
 log = logging.getLogger("ragproxy")
@@ -403,13 +422,12 @@ def _extract_notebook(path, text):
 
 
 # --------------------------------------------------------------------------
-# PDF (pypdf, vendored, imported on first use)
+# PDF (pypdf: vendored, and probed by deps on the first PDF)
 
 def _extract_pdf(path, data):
-    try:
-        import pypdf
-    except ImportError:
-        raise SkipFile("pypdf not available") from None
+    pypdf = deps.pypdf
+    if pypdf is None:
+        raise SkipFile("pypdf not available")
     if b"%PDF-" not in data[:1024]:
         raise SkipFile("not a PDF (no %PDF- header)")
     try:

@@ -1,4 +1,16 @@
-"""embeddings: TODO docstring."""
+"""Clients of the embedding and rerank servers, and the embedding cache.
+
+Dense vectors come from a local embedding server (any OpenAI-compatible
+/v1/embeddings, or Ollama's /api/embed); retrieved passages may be reordered
+by a cross-encoder rerank server.  Neither client sleeps or retries on its
+own: errors are classified (rate limited / transient / fatal) and the caller
+decides, while a BackoffGate remembers rate limits.  Every vector the server
+returns is written to a disk cache (SQLite, imported on first use) at once,
+so an indexing run that fails half way resumes without paying again for the
+half that succeeded.
+
+May import: deps, upstream.
+"""
 from __future__ import annotations
 
 import array

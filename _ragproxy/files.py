@@ -1,4 +1,11 @@
-"""files: TODO docstring."""
+"""Small file-system helpers every layer shares: atomic writes, fsync, leftovers, sizes.
+
+atomic_write is the one way ragproxy replaces a file: a temporary file in
+the same directory, fsynced, renamed over the target, then the directory
+fsynced, so a crash leaves the old file or the new one, never a torn one.
+
+May import: nothing (the standard library only).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -7,31 +14,48 @@ import shutil
 import tempfile
 
 
-def atomic_write(path, data, mode=0o644):
-    """Write ``data`` so that a crash leaves either the old file or the new one."""
+def atomic_write(path, data, mode=0o644, fsync=True):
+    """Replace ``path`` with ``data`` so that a crash leaves either the old file or the new one."""
+    with atomic_file(path, mode, fsync) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path, mode=0o644, fsync=True):
+    """A binary file to write that replaces ``path`` when the block ends without an error.
+
+    The file is ``.NAME.*.tmp`` beside ``path`` until then (see temp_name_of);
+    an error removes it and leaves ``path`` as it was.  With ``fsync`` (the
+    default) the file is fsynced before the rename and the directory after
+    it, so the new contents survive a power cut once the block has ended.
+    Only a caller that fsyncs the files itself later turns that off (a
+    store generation: its commit fsyncs every file once).
+    """
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=temp_name_of(os.path.basename(path)), suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            yield f
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    with contextlib.suppress(OSError):  # directory fsync is not possible everywhere (Windows)
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    if fsync:
+        fsync_path(directory, directory=True)
+
+
+def temp_name_of(name):
+    """How atomic_file's temporary file for ``name`` begins (it ends in ``.tmp``): for clean-ups."""
+    return "." + name + "."
 
 
 def fsync_path(path, directory=False):
-    """fsync a file or directory; directories cannot be opened on Windows."""
+    """fsync a file or directory; where a directory cannot be (Windows), that is skipped."""
     flags = os.O_RDONLY if (directory or os.name != "nt") else os.O_RDWR
     try:
         fd = os.open(path, flags)

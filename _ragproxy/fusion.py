@@ -1,4 +1,11 @@
-"""fusion: TODO docstring."""
+"""Merging ranked lists: score fusion (zscore_fusion) and reciprocal rank fusion (rrf).
+
+Used twice: to fuse a knowledge base's lexical and dense lists (``kb``), and
+to merge the lists of several knowledge bases (``retrieval``).  One formula,
+one constant (RRF_K), one depth (FUSION_DEPTH).
+
+May import: nothing (the standard library only).
+"""
 from __future__ import annotations
 
 import math

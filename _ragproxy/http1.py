@@ -1,4 +1,13 @@
-"""http1: TODO docstring."""
+"""HTTP/1.1 framing shared by the server and the upstream client.
+
+Reading a head (request or status line and header lines) from a buffered
+socket file, in one pass when it is all buffered; bodies framed by
+Content-Length (FixedBody) or chunked transfer coding (ChunkedBody); socket
+timeouts kept by the kernel where it can (KERNEL_TIMEOUTS).  Nothing here
+knows about APIs or providers.
+
+May import: nothing (the standard library only).
+"""
 from __future__ import annotations
 
 import io

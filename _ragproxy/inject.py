@@ -1,4 +1,35 @@
-"""inject: TODO docstring."""
+"""Where the question is and where retrieved context goes, in each request format.
+
+Pure functions over parsed JSON bodies: extract_query, turn_key,
+render_context (with estimate_tokens_text), inject.  Retrieval itself
+happens in ``retrieval``.
+
+A "human turn" is a user message with text a person typed: tool results
+(OpenAI role "tool", Anthropic tool_result blocks, Responses *_output items)
+and harness text (Claude Code <system-reminder>, Codex <environment_context>,
+AGENTS.md and similar tagged fragments) do not count, and neither does a
+message holding only images (Codex attaches view_image output that way, in
+the middle of an agent loop).
+
+Prompt caching: coding agents send one request per tool round, each the
+previous one plus new assistant/tool messages at the end.  Every position we
+write to is a function of the conversation up to the last human turn only,
+and nothing before it is touched (before_last_user, new_message), so the same
+text gives byte-identical prefixes round after round.  Inside the human turn
+the context goes after leading harness blocks and tool results (Anthropic
+requires tool_result blocks first) and right before the person's words.  The
+system modes change the system prompt, so a new text invalidates every
+cached prefix; within one turn it is still stable.  An Anthropic system
+block list keeps its order: Claude Code's first block is a per-request
+billing header that must stay first, so system_prepend inserts after it.
+
+Queries are capped in UTF-8 bytes at a character boundary, preferring a
+whitespace boundary so identifiers and paths stay whole.  One turn keeps its
+start and its end ("why does this fail?" may follow a pasted traceback whose
+last line matters most); all_user keeps the most recent text.
+
+May import: nothing (the standard library only).
+"""
 from __future__ import annotations
 
 import dataclasses

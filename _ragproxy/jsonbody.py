@@ -1,4 +1,13 @@
-"""jsonbody: TODO docstring."""
+"""Reading a request's JSON body, and editing it without re-encoding what did not change.
+
+json_object_of parses a body or says, as a 400, what is wrong with it.
+with_model and with_edits put a renamed model or injected context into the
+body as the client sent it: every byte not edited goes upstream unchanged,
+which is both cheaper than encoding the payload again and faithful to the
+client's numbers and escapes.
+
+May import: api.
+"""
 from __future__ import annotations
 
 import json

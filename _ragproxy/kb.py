@@ -1,4 +1,17 @@
-"""kb: TODO docstring."""
+"""Knowledge bases: sources, incremental indexing, search, and the background indexer.
+
+A KnowledgeBase turns its sources into generations of the vector store and
+answers searches from the committed generation: BM25 always, dense vectors
+when an embedding provider is configured, both fused (by default on scores
+scaled to each retriever's own distribution; reciprocal rank on request).
+Indexing is incremental (a manifest of size, mtime and content hash per
+source) and runs beside queries, which keep using the last committed
+generation until the next commit is complete.  KnowledgeBases holds the
+configured ones, their embedding clients and the indexer thread.
+
+May import: chunking, defaults, deps, docfolder, documents, embeddings, fusion, npy, sources, store,
+text.
+"""
 from __future__ import annotations
 
 import array
@@ -15,8 +28,6 @@ import threading
 import time
 
 from . import deps
-from .chunking import chunk_document
-from .config import KB_NAME
 from .defaults import (
     BM25_B,
     BM25_K1,
@@ -25,7 +36,6 @@ from .defaults import (
     DEFAULT_MAX_BYTES,
 )
 from .docfolder import UPLOAD_MANIFEST, read_manifest
-from .documents import SkipFile, extract
 from .embeddings import (
     EmbeddingClient,
     EmbeddingFatal,
@@ -44,10 +54,6 @@ log = logging.getLogger("ragproxy")
 _BM25_META = "bm25.json"
 _SETTINGS_FILE = "settings.json"
 _COMPACT_KINDS = {"int8": "i8", "float16": "f16", "binary": "b1"}  # config name -> vector store name
-
-
-def valid_kb_name(name):
-    return isinstance(name, str) and bool(KB_NAME.match(name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,6 +355,11 @@ class KnowledgeBase:
 
         ``shown`` is the name chunks cite (and index) the file by, if not ``source``.
         """
+        # Here, not at the top: reading files is indexing's job, and a search
+        # (the CLI's above all) should not load every format's extractor.
+        from .chunking import chunk_document
+        from .documents import SkipFile, extract
+
         spec = self.spec
         try:
             if size > spec.max_file_bytes:

@@ -1,4 +1,11 @@
-"""metrics: TODO docstring."""
+"""Prometheus metrics for /metrics, in the text exposition format.
+
+A small registry (counters, gauges, histograms with bounded label sets) fed
+by the same entry dicts as the request log, plus collectors that read gauges
+(chunks, bytes, indexing progress) when /metrics is scraped.
+
+May import: reqlog.
+"""
 from __future__ import annotations
 
 import bisect
@@ -149,7 +156,10 @@ class _PromHistogram(_MetricFamily):
         """``(cumulative bucket counts incl. +Inf, sum, count)`` for one label set."""
         with self._lock:
             state = self._series.get(self._key(labels))
-            counts, total, n = (list(state[0]), state[1], state[2]) if state else ([0] * (len(self.buckets) + 1), 0.0, 0)
+            if state:
+                counts, total, n = list(state[0]), state[1], state[2]
+            else:
+                counts, total, n = [0] * (len(self.buckets) + 1), 0.0, 0
         return list(itertools.accumulate(counts)), total, n
 
     def _samples(self, overrides):

@@ -1,4 +1,12 @@
-"""npy: TODO docstring."""
+"""numpy's .npy format (version 1.0), written and read with or without numpy.
+
+The vector store keeps its vectors in it and the BM25 index its postings, so
+plain tools (numpy.load) read both, and the pure-stdlib mode writes files
+byte-identical to numpy's.  StoreError, raised for a missing, corrupt or
+misused file, is the store's error too.
+
+May import: deps, files.
+"""
 from __future__ import annotations
 
 import array
@@ -10,6 +18,7 @@ import struct
 import sys
 
 from . import deps
+from .files import atomic_file
 
 
 class StoreError(Exception):
@@ -185,18 +194,11 @@ def npy_write_array(path, array_or_rows, dtype="<f4", shape=None, fsync=True):
     The file is replaced atomically, and fsynced unless `fsync` is false.
     """
     dtype = _npy_dtype_of(array_or_rows, dtype)
-    tmp = "%s.tmp%d" % (path, os.getpid())
-    try:
-        shape = _npy_write_to(tmp, array_or_rows, dtype, shape, fsync)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return shape
+    with atomic_file(path, fsync=fsync) as f:
+        return _npy_write_to(f, array_or_rows, dtype, shape)
 
 
-def _npy_write_to(path, array_or_rows, dtype, shape, fsync):
+def _npy_write_to(f, array_or_rows, dtype, shape):
     np = deps.np
     if np is not None:
         if isinstance(array_or_rows, NpyArray):
@@ -205,17 +207,12 @@ def _npy_write_to(path, array_or_rows, dtype, shape, fsync):
         if shape is not None:
             arr = arr.reshape(shape)
         arr = np.ascontiguousarray(arr)
-        with open(path, "wb") as f:
-            np.save(f, arr, allow_pickle=False)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
+        np.save(f, arr, allow_pickle=False)
         return tuple(arr.shape)
     src = array_or_rows
     if isinstance(src, NpyArray):
         if src.descr == dtype:
-            return _npy_write_bytes(path, dtype, src.shape if shape is None else tuple(shape),
-                                    src.raw_bytes(), fsync)
+            return _npy_write_bytes(f, dtype, src.shape if shape is None else tuple(shape), src.raw_bytes())
         src = src.tolist()
     if not isinstance(src, (list, tuple, array.array)):
         src = list(src)
@@ -237,16 +234,12 @@ def _npy_write_to(path, array_or_rows, dtype, shape, fsync):
         seen = sum(len(row) for row in src)
     if seen != count:
         raise ValueError("%d values do not fill shape %r" % (seen, shape))
-    return _npy_write_bytes(path, dtype, shape, data, fsync)
+    return _npy_write_bytes(f, dtype, shape, data)
 
 
-def _npy_write_bytes(path, descr, shape, data, fsync):
-    with open(path, "wb") as f:
-        f.write(_npy_header(descr, shape))
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
+def _npy_write_bytes(f, descr, shape, data):
+    f.write(_npy_header(descr, shape))
+    f.write(data)
     return tuple(shape)
 
 

@@ -1,4 +1,11 @@
-"""ollama: TODO docstring."""
+"""Ollama's native chat and generate APIs served by an OpenAI-compatible upstream.
+
+Tools that speak Ollama's /api/chat and /api/generate can use any provider:
+requests become chat completions, and the answer (JSON or SSE) is turned
+back into Ollama JSON or NDJSON.
+
+May import: api, upstream.
+"""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,13 @@
-"""proxy: TODO docstring."""
+"""The proxy: App, the transport-neutral core that routes and forwards each request.
+
+App.handle() takes a parsed Request and returns a Response or a
+StreamResponse; the HTTP server is a thin adapter around it.  Routing picks
+a model's provider, rewriters (retrieval first) change the request between
+parsing and forwarding (App.rewriters), and the answer is relayed event by
+event.  The request log and the metrics are kept after the answer is sent.
+
+May import: api, config, deps, jsonbody, kb, metrics, ollama, reqlog, retrieval, upstream.
+"""
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,12 @@
-"""reqlog: TODO docstring."""
+"""The request log: one SQLite row per proxied call, written off the request path.
+
+One entry dict per proxied request feeds both this log (for the dashboard,
+the logs page and audits) and ``metrics``.  Logging must never slow a
+request: record() only queues; a writer thread does the SQL.  sqlite3 is
+imported when a log is opened, so a Python built without it still starts.
+
+May import: nothing (the standard library only).
+"""
 from __future__ import annotations
 
 import collections

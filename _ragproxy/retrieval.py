@@ -1,4 +1,13 @@
-"""retrieval: TODO docstring."""
+"""The retrieval rewriter: select knowledge bases, search once per human turn, inject.
+
+Runs between parsing a client's request and forwarding it (App.rewriters).
+Agent loops send many requests per human turn; every one of them gets the
+identical bytes at the identical place (a per-turn cache), so the
+upstream's prompt-prefix cache holds.  When retrieval fails the route's
+on_failure decides: degrade, fail closed, or reuse stale context.
+
+May import: api, config, deps, embeddings, fusion, inject, npy.
+"""
 from __future__ import annotations
 
 import collections
@@ -9,6 +18,7 @@ import time
 
 from . import deps
 from .api import ClientError
+from .config import valid_kb_name
 from .embeddings import EmbeddingError, RerankClient, RerankError
 from .fusion import RRF_K
 from .inject import (
@@ -19,7 +29,6 @@ from .inject import (
     render_context,
     turn_key,
 )
-from .kb import valid_kb_name
 from .npy import StoreError
 
 log = logging.getLogger("ragproxy")

@@ -1,4 +1,13 @@
-"""server: TODO docstring."""
+"""The HTTP server: a thin adapter from http.server to App.handle().
+
+Parse the wire request, enforce size limits, write the response in as few
+writes as possible (the stdlib's separate header/body writes cost ~40 ms per
+keep-alive response under Nagle and delayed ACK), and stop the upstream the
+moment a client goes away.  The app is passed in; nothing here knows what
+it does with a request.
+
+May import: api, defaults, http1.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -26,11 +35,6 @@ from .http1 import (
 
 log = logging.getLogger("ragproxy")
 
-
-# A thin adapter from http.server to App.handle(): parse the wire request,
-# enforce size limits, write the response in as few writes as possible (the
-# stdlib's separate header/body writes cost ~40 ms per keep-alive response under
-# Nagle and delayed ACK), and stop the upstream the moment a client goes away.
 
 _REASONS = {code: phrase for code, (phrase, _) in http.server.BaseHTTPRequestHandler.responses.items()}
 _REASONS.update({529: "Overloaded"})

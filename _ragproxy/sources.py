@@ -1,4 +1,12 @@
-"""sources: TODO docstring."""
+"""Which files of a knowledge base's sources are indexed: .gitignore rules and globs.
+
+GitIgnore holds the .gitignore rules in force for one directory, inherited
+downwards as the walk descends; glob_match is fnmatch with ``**`` spanning
+directories, for ``include`` and ``exclude``; ALWAYS_EXCLUDED_DIRS are the
+tool and VCS folders no knowledge base wants.
+
+May import: nothing (the standard library only).
+"""
 from __future__ import annotations
 
 import fnmatch

@@ -1,4 +1,15 @@
-"""store: TODO docstring."""
+"""The built-in vector store: numbered, immutable generations on disk.
+
+Each knowledge base lives in DATA_DIR/vectordb/<kb>/ as generations
+(g000001/, g000002/, ...) plus a CURRENT file naming the one in use.  A
+writer fills a private temp directory and commits by renaming it to the next
+generation name and then atomically replacing CURRENT, so a crash at any
+moment leaves the old or the new generation visible, never a mix.  Files
+stay readable by plain tools: chunks.jsonl is JSON lines, vectors.npy is a
+standard .npy v1.0 file that numpy.load opens.
+
+May import: dense, deps, files, npy.
+"""
 from __future__ import annotations
 
 import array
@@ -24,7 +35,7 @@ from .dense import (
     dense_top_k_compact,
     normalise_rows,
 )
-from .files import fsync_path
+from .files import atomic_write, fsync_path, temp_name_of
 from .npy import NpyAppender, NpyArray, StoreError, npy_read_array, npy_write_array
 
 log = logging.getLogger("ragproxy")
@@ -730,13 +741,7 @@ class KBStore:
                         raise
                     number += 1
             fsync_path(self.root, directory=True)
-            tmp = os.path.join(self.root, "CURRENT.tmp")
-            with open(tmp, "wb") as f:
-                f.write(name.encode("ascii") + b"\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, os.path.join(self.root, "CURRENT"))
-            fsync_path(self.root, directory=True)
+            atomic_write(os.path.join(self.root, "CURRENT"), name.encode("ascii") + b"\n")
             gen = Generation(self.root, name)
             with self._lock:
                 self._cached = (name, gen)
@@ -803,8 +808,11 @@ class KBStore:
                 if alive:
                     continue
             shutil.rmtree(path, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(self.root, "CURRENT.tmp"))
+        # CURRENT is written under the commit lock, so a temporary copy of it is a crash's leftover.
+        for name in os.listdir(self.root):
+            if name == "CURRENT.tmp" or (name.startswith(temp_name_of("CURRENT")) and name.endswith(".tmp")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.root, name))
 
     def destroy(self):
         """Delete the whole knowledge base directory."""

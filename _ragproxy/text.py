@@ -1,4 +1,13 @@
-"""text: TODO docstring."""
+"""Lexical retrieval with no model: the analyzer and the BM25 index.
+
+An analyzer that understands both English prose and source code (case
+folding, identifier splitting that keeps the whole identifier, stopwords,
+Snowball stemming, CJK bigrams), and an eagerly scored BM25 index with a
+numpy path and a pure-Python path that return the same rankings.  The index
+files are .npy arrays (``npy``).
+
+May import: defaults, deps, files, npy.
+"""
 from __future__ import annotations
 
 import array
@@ -18,6 +27,7 @@ import unicodedata
 
 from . import deps
 from .defaults import BM25_B, BM25_K1
+from .files import atomic_write
 from .npy import npy_read_array, npy_read_flat, npy_write_array
 
 # --------------------------------------------------------------------------
@@ -739,11 +749,8 @@ class BM25Index:
             terms[tid] = term
         meta = {"format": 1, "variant": "lucene", "k1": self.k1, "b": self.b,
                 "n_docs": self.n_docs, "avgdl": self.avgdl, "terms": terms}
-        path = os.path.join(dirpath, "bm25.json")
-        tmp = "%s.tmp%d" % (path, os.getpid())
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(meta, f, ensure_ascii=False, separators=(",", ":"))
-        os.replace(tmp, path)
+        atomic_write(os.path.join(dirpath, "bm25.json"),
+                     json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
     @classmethod
     def load(cls, dirpath):

@@ -1,4 +1,23 @@
-"""uploads: TODO docstring."""
+"""Panel uploads into a knowledge base's documents folder: multipart bodies and archives.
+
+The admin panel uploads files, folders and archives.  Everything lands first
+in a staging folder beside the documents folder (same filesystem, so the
+final os.replace is a rename, and outside every KB folder, so the indexer
+never sees half a file); only an upload that passed every check is moved in,
+and a rejected one leaves nothing behind.  Its files land a moment before
+the upload manifest (``docfolder``) names them; the indexer reads the names
+on every pass, so that moment does not last.  Stored files get random names
+(<uuid hex><ext>): original names are untrusted paths and may collide.
+
+Nothing is held in memory whole: multipart bodies and archive members move
+in 64 KiB pieces and every cap is enforced as bytes arrive.  Archive caps
+are checked twice, on the sizes an archive declares (so a zip bomb is
+refused before a byte is written) and on the bytes actually produced (so a
+lying header cannot get past them).  Compression-ratio checks start once
+1 MiB is unpacked: small repetitive files legitimately compress 500x.
+
+May import: defaults, docfolder, documents, files.
+"""
 from __future__ import annotations
 
 import contextlib

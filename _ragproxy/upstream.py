@@ -1,4 +1,14 @@
-"""upstream: TODO docstring."""
+"""Keep-alive connections to the LLM, embedding and rerank servers.
+
+Our own small HTTP/1.1 client for http:// (the local model servers), urllib3
+for https:// when it is present (``deps.urllib3``), else http.client.  All
+expose the same UpstreamResponse, so the proxy never sees which one is in
+use.  Streaming reads use read1(): read(n) would block until n bytes arrived
+and starve the client of events.  make_http_pool() picks the pools;
+upstream_url() maps a canonical API path onto a provider's base URL.
+
+May import: deps, http1.
+"""
 from __future__ import annotations
 
 import collections

@@ -1,4 +1,13 @@
-"""yamlish: TODO docstring."""
+"""The YAML subset that config files are written in: parse_yaml, load_yaml, dump_yaml.
+
+config.yaml is read with PyYAML when it is installed (``deps.yaml``) and with
+parse_yaml() otherwise; both paths return the same ``(data, positions)`` and
+refuse the same unsupported features, so a config never means two different
+things.  parse_yaml's docstring has the grammar; errors carry line and column.
+dump_yaml writes what the admin API saves back.
+
+May import: deps.
+"""
 from __future__ import annotations
 
 import bisect

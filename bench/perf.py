@@ -323,8 +323,8 @@ def _lexical_build(role, rp, texts, pre_tokens):
             return [int(d) for d, s in zip(docs[0], scores[0]) if s > 0]
         return 0.0, t2 - t0, search
     if role == "rank_bm25":
-        from rank_bm25 import BM25Okapi
         import numpy as np
+        from rank_bm25 import BM25Okapi
         t0 = clock()
         index = BM25Okapi(pre_tokens)
         t2 = clock()

@@ -277,12 +277,21 @@ def timeouts(request, monkeypatch):
 
 @pytest.fixture(params=["numpy", "pure"])
 def mode(request, monkeypatch):
-    """Run a test with ragproxy's numpy path and with its stdlib fallback."""
+    """Run a test with ragproxy's numpy path and with its stdlib fallback.
+
+    The switch is ``deps.np``; it reaches every module only because none keeps
+    numpy in its own namespace, which is checked here for every module loaded.
+    """
     if request.param == "numpy":
         if deps.np is None:
             pytest.skip("numpy disabled (RAGPROXY_PURE=1 or not installed)")
     else:
         monkeypatch.setattr(deps, "np", None)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        kept = [f"{name}.{attr}" for name, module in list(sys.modules.items()) if name.startswith("_ragproxy")
+                for attr, value in vars(module).items() if value is numpy and (name, attr) != ("_ragproxy.deps", "np")]
+        assert not kept, f"numpy is kept outside deps, so the pure switch misses it: {kept}"
     return request.param
 
 

@@ -3,23 +3,17 @@ import io
 import json
 import os
 import re
-import sys
 import zipfile
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOCS = os.path.join(HERE, "data", "docs")
-VENDORED = os.path.join(os.path.dirname(HERE), "vendored")
-if os.path.isdir(VENDORED) and VENDORED not in sys.path:
-    sys.path.append(VENDORED)
 
+from _ragproxy import deps  # noqa: E402
 from ragproxy import Chunk, Document, SkipFile, chunk_document, count_tokens, extract  # noqa: E402
 
-try:
-    import pypdf
-except ImportError:
-    pypdf = None
+pypdf = deps.pypdf   # the vendored copy, as ragproxy finds it
 needs_pypdf = pytest.mark.skipif(pypdf is None, reason="pypdf not importable")
 
 
@@ -650,6 +644,6 @@ def test_pdf_encrypted_and_corrupt():
 
 
 def test_pdf_without_pypdf(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pypdf", None)     # import pypdf -> ImportError
+    monkeypatch.setattr(deps, "pypdf", None)
     with pytest.raises(SkipFile, match="pypdf not available"):
         extract("manual.pdf", make_pdf([["text"]]))

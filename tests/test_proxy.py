@@ -242,7 +242,8 @@ def test_embeddings_default_base64_path(openai_client, fake):
 def test_upstream_error_forwarded_byte_for_byte(anthropic_client, fake, proxy):
     fake.fail_next(529, ANTHROPIC_OVERLOADED_BODY, headers={"content-type": "application/json",
                                                            "retry-after": "3"})
-    import urllib.request, urllib.error
+    import urllib.error
+    import urllib.request
     req = urllib.request.Request(proxy.url + "/v1/messages", method="POST",
                                  data=json.dumps({"model": "claude-x", "max_tokens": 5,
                                                   "messages": [{"role": "user", "content": "x"}]}).encode(),

@@ -309,7 +309,7 @@ def test_render_text_escapes_label_values():
 
 
 def test_render_parses_with_prometheus_client_and_matches_observations():
-    parser = pytest.importorskip("prometheus_client.parser")
+    from prometheus_client import parser  # requirements-test.txt: never skipped
     m = Metrics()
     observe_sample_requests(m)
     m.observe_index("docs", indexed=5, skipped=2, deferred=1, errors=3)
@@ -370,7 +370,7 @@ def test_collectors_set_gauges_at_render_time_and_a_broken_one_is_ignored():
     assert 'ragproxy_kb_chunks{kb="docs"} 12\n' in text
     assert 'ragproxy_kb_chunks{kb="a\\"b"} 3\n' in text
     assert 'ragproxy_indexing_progress{kb="docs"} 0.25\n' in text
-    parser = pytest.importorskip("prometheus_client.parser")
+    from prometheus_client import parser  # requirements-test.txt: never skipped
     gauges = {f.name: f for f in parser.text_string_to_metric_families(text)}
     assert {s.labels["kb"]: s.value for s in gauges["ragproxy_kb_chunks"].samples} == {"docs": 12, 'a"b': 3}
 
@@ -446,6 +446,7 @@ def _proxy_with_kb(make_proxy, fake, tmp_path, log_query=False):
 
 def test_proxied_calls_are_logged_and_counted(make_proxy, fake, tmp_path):
     import openai
+
     from conftest import API_KEY
     p = _proxy_with_kb(make_proxy, fake, tmp_path)
     client = openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0)
@@ -476,6 +477,7 @@ def test_proxied_calls_are_logged_and_counted(make_proxy, fake, tmp_path):
 
 def test_query_text_logged_only_when_asked(make_proxy, fake, tmp_path):
     import openai
+
     from conftest import API_KEY
     p = _proxy_with_kb(make_proxy, fake, tmp_path, log_query=True)
     openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0).chat.completions.create(
@@ -507,6 +509,7 @@ def test_a_failure_while_logging_a_call_costs_its_answer_nothing(make_proxy, fak
     # The call is logged after its answer is sent, so a broken metrics or log
     # backend cannot turn a good answer into a 500.
     import openai
+
     from conftest import API_KEY
     p = make_proxy()
     seen = []

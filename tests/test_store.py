@@ -17,7 +17,6 @@ from _ragproxy import deps, npy
 from _ragproxy.store import _Registry
 from conftest import brute_force, random_rows, unit
 
-
 # --- helpers -----------------------------------------------------------------
 
 def as_lists(vectors):
