@@ -103,10 +103,12 @@ class _LoginThrottle:
 
     The first ``free`` failures within ``window`` seconds cost nothing; each
     further one doubles the wait before the next attempt (up to ``max_wait``).
+    ``free`` is passed with each failure: it is admin.max_login_failures as
+    the config says at that moment, so a reload changes it at once.
     """
 
-    def __init__(self, clock, free=5, window=900.0, max_wait=300.0, max_clients=10_000):
-        self.clock, self.free, self.window, self.max_wait = clock, free, window, max_wait
+    def __init__(self, clock, window=900.0, max_wait=300.0, max_clients=10_000):
+        self.clock, self.window, self.max_wait = clock, window, max_wait
         self.max_clients = max_clients
         self._lock = threading.Lock()
         self._clients = collections.OrderedDict()  # client -> [failures, last failure, blocked until]
@@ -117,7 +119,7 @@ class _LoginThrottle:
             state = self._clients.get(client)
             return max(0.0, state[2] - self.clock()) if state else 0.0
 
-    def failed(self, client):
+    def failed(self, client, free):
         now = self.clock()
         with self._lock:
             state = self._clients.pop(client, None)
@@ -125,8 +127,8 @@ class _LoginThrottle:
                 state = [0, now, 0.0]
             state[0] += 1
             state[1] = now
-            if state[0] >= self.free:
-                state[2] = now + min(self.max_wait, 2.0 ** (state[0] - self.free))
+            if state[0] >= free:
+                state[2] = now + min(self.max_wait, 2.0 ** (state[0] - free))
             self._clients[client] = state
             while len(self._clients) > self.max_clients:  # a flood of addresses must not eat memory
                 self._clients.popitem(last=False)
@@ -294,7 +296,7 @@ class Admin:
         self.config_file = config_file
         self.clock = clock or app.clock
         self.rng = rng or app.rng
-        self.throttle = _LoginThrottle(self.clock, free=app.config.raw["admin"]["max_login_failures"])
+        self.throttle = _LoginThrottle(self.clock)
         self.uploads = Uploads(clock=self.clock)  # one per process: its locks order manifest updates
 
     # -- entry point --------------------------------------------------------
@@ -344,7 +346,7 @@ class Admin:
         key = _json_object(request).get("key")
         if not isinstance(key, str) or not hmac.compare_digest(key.encode("utf-8"),
                                                                self.secret_key.encode("utf-8")):
-            self.throttle.failed(client)
+            self.throttle.failed(client, self.app.config.raw["admin"]["max_login_failures"])
             log.warning("admin login failed from %s", client)
             raise ClientError(401, "wrong panel key (it is in DATA_DIR/config/secret_key.yaml, or "
                                    "RAGPROXY_SECRET_KEY)", "invalid_key")
@@ -731,7 +733,8 @@ class Admin:
 
     def _request_log(self):
         if self.app.request_log is None:
-            raise ClientError(404, "the request log is off (no data directory)", "not_found")
+            why = "no data directory" if self.app.data_dir is None else "this Python cannot import sqlite3"
+            raise ClientError(404, f"the request log is off ({why})", "not_found")
         return self.app.request_log
 
     def list_logs(self, request):

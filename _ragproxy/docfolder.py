@@ -18,8 +18,7 @@ from .files import atomic_write
 log = logging.getLogger("ragproxy")
 
 
-# The upload manifest in a KB's documents folder (written by section 19): not a
-# document itself, and the source of uploaded files' original names.
+# In the documents folder, but not a document: the indexer skips it.
 UPLOAD_MANIFEST = "manifest.json"
 
 
@@ -36,8 +35,7 @@ def read_manifest(documents_dir):
     return files if isinstance(files, dict) else {}
 
 
-# --- documents folder -----------------------------------------------------------
-
 def write_manifest(documents_dir, files):
+    """Replace the upload manifest's ``files`` (atomically: a crash keeps the old manifest)."""
     data = json.dumps({"files": files}, ensure_ascii=False, indent=1, sort_keys=True)
     atomic_write(os.path.join(documents_dir, UPLOAD_MANIFEST), data.encode("utf-8"))

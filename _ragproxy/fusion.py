@@ -49,12 +49,27 @@ def zscore_fusion(lists):
     return [(row, value[row], dict(detail[row], fused=value[row])) for row in order]
 
 
+def reciprocal_ranks(lists):
+    """``{key: fused}`` over ``[(keys best first, weight), ...]``, in the order keys were first seen.
+
+    A key's fused value is the sum over the lists that hold it of weight /
+    (RRF_K + rank), ranks counted from 1: the reciprocal rank fusion of
+    Cormack et al. (2009), where k = 60 is their constant.
+    """
+    fused = {}
+    for keys, weight in lists:
+        for rank, key in enumerate(keys, 1):
+            fused[key] = fused.get(key, 0.0) + weight / (RRF_K + rank)
+    return fused
+
+
 def rrf(lists):
-    """Reciprocal rank fusion: ``[(row, fused, {retriever: score, ..., "rrf": fused})]``, best first."""
-    fused, detail = {}, {}
-    for name, ranked, weight in lists:
-        for rank, (row, score) in enumerate(ranked):
-            fused[row] = fused.get(row, 0.0) + weight / (RRF_K + rank + 1)
+    """Reciprocal rank fusion of retrievers' lists ``[(name, [(row, score)], weight)]``:
+    ``[(row, fused, {retriever: score, ..., "rrf": fused})]``, best first, ties to the lower row."""
+    fused = reciprocal_ranks([([row for row, _ in ranked], weight) for _, ranked, weight in lists])
+    detail = {}
+    for name, ranked, _ in lists:
+        for row, score in ranked:
             detail.setdefault(row, {})[name] = score
     order = sorted(fused, key=lambda r: (-fused[r], r))
     return [(row, fused[row], dict(detail[row], rrf=fused[row])) for row in order]

@@ -84,7 +84,7 @@ class HeadTooLarge(ValueError):
 def read_head_lines(rfile, max_lines, max_line=65536, eof_ends=True):
     """The lines of the next message head, without line ends, up to its blank line.
 
-    Used by the upstream client (section 4) and the HTTP server (section 21).
+    Used by the upstream client (upstream) and the HTTP server (server).
     _HeadTooLarge for a line over ``max_line`` bytes or more than
     ``max_lines`` lines.  The end of input ends the head when ``eof_ends``
     (as http.server has it), else it is a ValueError (a cut-off response).

@@ -28,20 +28,9 @@ import threading
 import time
 
 from . import deps
-from .defaults import (
-    BM25_B,
-    BM25_K1,
-    DEFAULT_CHUNK_OVERLAP,
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_MAX_BYTES,
-)
+from .defaults import BM25_B, BM25_K1, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_BYTES
 from .docfolder import UPLOAD_MANIFEST, read_manifest
-from .embeddings import (
-    EmbeddingClient,
-    EmbeddingFatal,
-    EmbeddingRateLimited,
-    EmbeddingTransient,
-)
+from .embeddings import EmbeddingClient, EmbeddingFatal, EmbeddingRateLimited, EmbeddingTransient
 from .fusion import FUSION_DEPTH, rrf, zscore_fusion
 from .npy import npy_read_array, npy_write_array
 from .sources import ALWAYS_EXCLUDED_DIRS, GitIgnore, glob_match
@@ -409,9 +398,11 @@ class KnowledgeBase:
         Each retriever keeps its own scale and its own threshold: BM25 scores
         (unbounded, comparable within one query) must reach ``min_lexical``,
         cosine similarities (-1 to 1) must reach ``min_dense``; a cosine
-        threshold is never applied to BM25 scores.  Hybrid fuses the two
-        filtered lists by reciprocal rank (weight / (60 + rank)).  ``timings``,
-        a dict, accumulates seconds per stage: lexical, embed, dense.
+        threshold is never applied to BM25 scores.  Hybrid takes the top
+        FUSION_DEPTH of each and fuses the two filtered lists as ``spec.fusion``
+        says: on scores, each list on its own scale (fusion.zscore_fusion, the
+        default), or by reciprocal rank (fusion.rrf).  ``timings``, a dict,
+        accumulates seconds per stage: lexical, embed, dense.
         """
         timings = {} if timings is None else timings
         clock = time.perf_counter

@@ -25,8 +25,6 @@ class StoreError(Exception):
     """A knowledge-base directory or .npy file is missing, corrupt or misused."""
 
 
-# --- .npy files with or without numpy -------------------------------------
-
 _NPY_MAGIC = b"\x93NUMPY"
 # descr -> (array typecode or None, struct code, item size).  float16 has no
 # array typecode and memoryview only casts to "e" from Python 3.12, so it goes

@@ -113,8 +113,11 @@ class App:
         self._routes = (None, {})  # (config, model name -> route): resolved once per config
         if data_dir:
             self.knowledge_bases = KnowledgeBases(config, data_dir, self.http, clock, on_report=self._observe_index)
-            self.request_log = RequestLog(os.path.join(data_dir, DEFAULT_REQUEST_LOG_PATH), clock=clock,
-                                          log_query=config.raw["security"]["log_query"])
+            try:
+                self.request_log = RequestLog(os.path.join(data_dir, DEFAULT_REQUEST_LOG_PATH), clock=clock,
+                                              log_query=config.raw["security"]["log_query"])
+            except ImportError as exc:   # this Python has no sqlite3: serve all the same
+                log.warning("request log off: this Python cannot import sqlite3 (%s)", exc)
             self.metrics.add_collector(self._collect_gauges)
         self.retriever = Retriever(self, self.knowledge_bases) if self.knowledge_bases else None
         # Callables(exchange) run between parsing and forwarding; retrieval is the first.
@@ -133,7 +136,7 @@ class App:
         self.config = config
         if self.knowledge_bases is not None:
             self.knowledge_bases.configure(config)
-            self.retriever.reset_rerankers()
+            self.retriever.reconfigure(config)
         if self.request_log is not None:
             self.request_log.log_query = config.raw["security"]["log_query"]
 
@@ -199,7 +202,8 @@ class App:
             out += [("ragproxy_kb_chunks", {"kb": name}, stats["chunks"]),
                     ("ragproxy_kb_bytes", {"kb": name}, stats["bytes"]),
                     ("ragproxy_indexing_progress", {"kb": name}, progress)]
-        out.append(("ragproxy_request_log_dropped_total", {}, self.request_log.dropped))
+        if self.request_log is not None:
+            out.append(("ragproxy_request_log_dropped_total", {}, self.request_log.dropped))
         return out
 
     def _dispatch(self, request, path, dialect, trace):

@@ -3,7 +3,8 @@
 One entry dict per proxied request feeds both this log (for the dashboard,
 the logs page and audits) and ``metrics``.  Logging must never slow a
 request: record() only queues; a writer thread does the SQL.  sqlite3 is
-imported when a log is opened, so a Python built without it still starts.
+imported when a log is opened, so a Python built without it still starts:
+RequestLog() then raises ImportError and the app runs with no request log.
 
 May import: nothing (the standard library only).
 """
@@ -15,7 +16,6 @@ import json
 import logging
 import math
 import os
-import sqlite3
 import threading
 import time
 
@@ -264,6 +264,7 @@ class RequestLog:
             self.start()
 
     def _connect(self):
+        import sqlite3  # here: see the module docstring
         conn = sqlite3.connect(self.path, timeout=10, check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA busy_timeout=10000")
         return conn
@@ -363,6 +364,7 @@ class RequestLog:
                 return
 
     def _write(self, entries):
+        import sqlite3  # here: see the module docstring
         rows = []
         for entry in entries:
             try:
@@ -389,6 +391,7 @@ class RequestLog:
             log.warning("%s", message)
 
     def _prune_logged(self):
+        import sqlite3  # here: see the module docstring
         try:
             self.pruned += self._prune(self._conn, self.clock())
         except sqlite3.Error as exc:
@@ -417,6 +420,7 @@ class RequestLog:
 
     @contextlib.contextmanager
     def _reader(self):
+        import sqlite3  # here: see the module docstring
         conn = sqlite3.connect(self.path, timeout=10)
         try:
             conn.row_factory = sqlite3.Row

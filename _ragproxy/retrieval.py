@@ -20,15 +20,8 @@ from . import deps
 from .api import ClientError
 from .config import valid_kb_name
 from .embeddings import EmbeddingError, RerankClient, RerankError
-from .fusion import RRF_K
-from .inject import (
-    DEFAULT_CHUNK_TEMPLATE,
-    estimate_tokens_text,
-    extract_query,
-    inject,
-    render_context,
-    turn_key,
-)
+from .fusion import reciprocal_ranks
+from .inject import DEFAULT_CHUNK_TEMPLATE, estimate_tokens_text, extract_query, inject, render_context, turn_key
 from .npy import StoreError
 
 log = logging.getLogger("ragproxy")
@@ -70,6 +63,13 @@ class _LRU:
         self._data = collections.OrderedDict()
         self._lock = threading.Lock()
 
+    def resize(self, size):
+        """Hold at most ``size`` entries from now on, dropping the least recently used."""
+        with self._lock:
+            self.size = size
+            while len(self._data) > max(size, 0):
+                self._data.popitem(last=False)
+
     def get(self, key):
         with self._lock:
             value = self._data.get(key)
@@ -85,6 +85,9 @@ class _LRU:
             self._data.move_to_end(key)
             while len(self._data) > self.size:
                 self._data.popitem(last=False)
+
+    def __len__(self):
+        return len(self._data)
 
 
 def _tiktoken_counter():
@@ -111,8 +114,11 @@ class Retriever:
         self.stale = _LRU(app.config.rag["turn_cache_size"])
         self._disabled_rerankers = set()
 
-    def reset_rerankers(self):
-        """A reload gives rerankers disabled by a permanent error another chance."""
+    def reconfigure(self, config):
+        """After a reload: the caches take the new rag.turn_cache_size, and rerankers
+        disabled by a permanent error get another chance."""
+        for cache in (self.turns, self.stale):
+            cache.resize(config.rag["turn_cache_size"])
         self._disabled_rerankers.clear()
 
     def select_kbs(self, exchange):
@@ -224,13 +230,14 @@ class Retriever:
         elif merge == "concat":
             merged = sorted((h for hits in lists for h in hits), key=lambda h: -h.score)
         else:
-            fused = {}
+            first = {}
             for hits in lists:
-                for rank, hit in enumerate(hits):
-                    key = (hit.kb, hit.row)
-                    entry = fused.setdefault(key, [hit, 0.0])
-                    entry[1] += 1.0 / (RRF_K + rank + 1)
-            merged = [dataclasses.replace(h, score=s) for h, s in sorted(fused.values(), key=lambda e: -e[1])]
+                for hit in hits:
+                    first.setdefault((hit.kb, hit.row), hit)
+            fused = reciprocal_ranks([([(hit.kb, hit.row) for hit in hits], 1.0) for hits in lists])
+            # Ties keep the order of the knowledge bases as listed, then rank.
+            merged = [dataclasses.replace(first[key], score=score)
+                      for key, score in sorted(fused.items(), key=lambda item: -item[1])]
         seen, unique = set(), []
         for hit in merged:  # the same passage from two KBs (or an overlap) is injected once
             digest = hit.chunk.get("hash") or hit.id

@@ -27,21 +27,12 @@ import time
 import weakref
 
 from . import deps
-from .dense import (
-    binary_width,
-    compact_rows,
-    dense_top_k,
-    dense_top_k_binary,
-    dense_top_k_compact,
-    normalise_rows,
-)
+from .dense import binary_width, compact_rows, dense_top_k, dense_top_k_binary, dense_top_k_compact, normalise_rows
 from .files import atomic_write, fsync_path, temp_name_of
 from .npy import NpyAppender, NpyArray, StoreError, npy_read_array, npy_write_array
 
 log = logging.getLogger("ragproxy")
 
-
-# --- generations on disk ------------------------------------------------------
 
 _GEN_RE = re.compile(r"g(\d{6,})\Z")
 _TEMP_RE = re.compile(r"\.(tmp|trash)-(\d+)-[0-9a-f]+\Z")

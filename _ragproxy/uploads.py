@@ -38,22 +38,9 @@ import uuid
 import zipfile
 import zlib
 
-from .defaults import (
-    UPLOAD_MAX_FILE_BYTES,
-    UPLOAD_MAX_FILES,
-    UPLOAD_MAX_RATIO,
-    UPLOAD_MAX_TOTAL_BYTES,
-)
+from .defaults import UPLOAD_MAX_FILE_BYTES, UPLOAD_MAX_FILES, UPLOAD_MAX_RATIO, UPLOAD_MAX_TOTAL_BYTES
 from .docfolder import UPLOAD_MANIFEST, read_manifest, write_manifest
-from .documents import (
-    CODE_EXTS,
-    CONFIG_EXTS,
-    HTML_EXTS,
-    MARKDOWN_EXTS,
-    RST_EXTS,
-    TEXT_EXTS,
-    split_ext,
-)
+from .documents import CODE_EXTS, CONFIG_EXTS, HTML_EXTS, MARKDOWN_EXTS, RST_EXTS, TEXT_EXTS, split_ext
 from .files import human_size, remove_leftover_dirs
 
 ALLOWED_UPLOAD_EXTS = frozenset(

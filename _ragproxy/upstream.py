@@ -20,15 +20,7 @@ import threading
 import urllib.parse
 
 from . import deps
-from .http1 import (
-    READ_SIZE,
-    ChunkedBody,
-    FixedBody,
-    header_value,
-    read_head_lines,
-    set_io_timeout,
-    timed_reader,
-)
+from .http1 import READ_SIZE, ChunkedBody, FixedBody, header_value, read_head_lines, set_io_timeout, timed_reader
 
 
 class UpstreamError(Exception):

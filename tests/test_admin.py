@@ -166,6 +166,20 @@ def test_throttle_is_per_client_and_forgets(tmp_path, fake):
         app.close()
 
 
+def test_a_reload_changes_max_login_failures_at_once(tmp_path, fake):
+    app, admin, clock = _in_process_admin(tmp_path, fake.url)
+    app.admin = admin
+    try:
+        for _ in range(2):
+            assert _call(app, "POST", "/admin/api/login", {"key": "nope"})[0] == 401
+        assert _call(app, "POST", "/admin/api/login", {"key": ADMIN_KEY})[0] == 200   # 2 of 5 free failures
+        app.reload(ragproxy.Config.from_text(proxy_config(fake.url) + "admin: {max_login_failures: 1}\n"))
+        assert _call(app, "POST", "/admin/api/login", {"key": "nope"})[0] == 401
+        assert _call(app, "POST", "/admin/api/login", {"key": ADMIN_KEY})[0] == 429   # the new limit holds
+    finally:
+        app.close()
+
+
 # -- providers and models -----------------------------------------------------
 
 def test_provider_crud_is_written_to_config_yaml(admin_proxy, fake):

@@ -12,11 +12,12 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
 
-from conftest import API_KEY
+from conftest import API_KEY, proxy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "ragproxy.py")
@@ -130,16 +131,51 @@ def test_smoke_first_start_proxy_reload_stop(tmp_path, fake, pyz, form, pure):
     assert (data / "logs" / "rag-proxy.log").stat().st_size > 0
 
 
-def test_config_file_change_is_picked_up_by_polling(tmp_path):
+def _chat(url, key, text="polled"):
+    """Status and body of one chat completion through the proxy."""
+    req = urllib.request.Request(url + "/v1/chat/completions", method="POST",
+                                 data=json.dumps({"model": "llama3", "messages": [
+                                     {"role": "user", "content": text}]}).encode(),
+                                 headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_config_file_change_is_picked_up_by_polling(tmp_path, fake):
     data = tmp_path / "d"
     proc = Proc([sys.executable, SCRIPT, "--data-dir", str(data), "--port", "0"], _env(False))
     try:
+        key = re.search(r"API key (\S+)", "".join(proc.log)).group(1)
+        # The default catch-all is a local Ollama, which does not run here.
+        assert _chat(proc.url, key)[0] == 502
         config = data / "config" / "config.yaml"
         config.write_text(config.read_text().replace("reload_interval: 2", "reload_interval: 0.2")
-                          .replace("top_k: 5", "top_k: 7"))
+                          .replace("http://127.0.0.1:11434", fake.url))
         proc.read_log_until("config reloaded", timeout=10)
+        status, body = _chat(proc.url, key)
+        assert status == 200 and body["choices"][0]["message"]["content"] == "ECHO: polled"
     finally:
         proc.stop()
+
+
+def test_a_python_without_sqlite3_still_serves_with_the_request_log_off(tmp_path, fake):
+    data = tmp_path / "d"
+    (data / "config").mkdir(parents=True)
+    (data / "config" / "config.yaml").write_text(proxy_config(fake.url))
+    # As a Python built without sqlite3: importing it fails.
+    run_blocked = ("import runpy, sys; sys.modules['sqlite3'] = None; sys.argv = sys.argv[1:]; "
+                   "sys.path.insert(0, %r); runpy.run_path(sys.argv[0], run_name='__main__')" % ROOT)
+    proc = Proc([sys.executable, "-c", run_blocked, SCRIPT, "--data-dir", str(data), "--port", "0"], _env(False))
+    try:
+        assert "request log off: this Python cannot import sqlite3" in "".join(proc.log)
+        status, body = _chat(proc.url, API_KEY, "no sqlite")
+        assert status == 200 and body["choices"][0]["message"]["content"] == "ECHO: no sqlite"
+        assert _get(proc.url + "/health", API_KEY)["status"] == "ok"
+    finally:
+        assert proc.stop() == 0
 
 
 def test_version_names_accelerators(pyz):

@@ -134,11 +134,21 @@ def test_write_default_config_creates_a_loadable_file(tmp_path):
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
-def _example_configs():
+def _example_configs(root=EXAMPLES):
+    """The config files the examples ship; not what running one writes into its data directory."""
     found = []
-    for dirpath, _, names in os.walk(EXAMPLES):
+    for dirpath, dirnames, names in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "data")   # examples/*/data: made by a run, gitignored
         found += [os.path.join(dirpath, n) for n in sorted(names) if n.endswith((".yaml", ".yml"))]
     return found
+
+
+def test_running_an_example_first_adds_no_config_to_validate(tmp_path):
+    (tmp_path / "quickstart" / "data" / "config").mkdir(parents=True)
+    (tmp_path / "quickstart" / "config.yaml").write_text("models: []\n")
+    (tmp_path / "quickstart" / "data" / "config" / "secret_key.yaml").write_text("secret_key: x\n")
+    (tmp_path / "quickstart" / "data" / "config" / "config.yaml").write_text("written: by a run\n")
+    assert _example_configs(str(tmp_path)) == [str(tmp_path / "quickstart" / "config.yaml")]
 
 
 @pytest.mark.parametrize("path", _example_configs(), ids=os.path.basename)

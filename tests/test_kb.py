@@ -240,7 +240,13 @@ def test_hybrid_top_k_is_a_prefix_of_a_deeper_search(tmp_path, fake):
 
 
 def test_sigkill_during_indexing_never_leaves_a_broken_kb(tmp_path):
-    """Kill `ragproxy.py index` at random moments; every time the KB must load and answer."""
+    """Kill `ragproxy.py index` at random moments of a run; every time the KB must load and answer.
+
+    The kill waits for the run's own progress lines on stderr (a handshake,
+    not a guess at how long Python takes to start): after the first line it
+    lands while files are read, after the last one while the generation is
+    written and committed.
+    """
     import random
     import signal
     import subprocess
@@ -258,22 +264,26 @@ def test_sigkill_during_indexing_never_leaves_a_broken_kb(tmp_path):
         write(str(docs / f"d{i:03d}.md"), f"# Doc {i}\n\n" + " ".join(f"word{rng.randrange(500)}"
                                                                    for _ in range(400)) + "\n")
     env = {k: v for k, v in os.environ.items() if k != "RAGPROXY_LOG_LEVEL"}
-    committed_states = 0
+    index = [sys.executable, script, "index", "--data-dir", str(tmp_path), "--config", str(config)]
+    subprocess.run(index, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=120)
+    killed = []
     for round_ in range(12):
         for i in rng.sample(range(120), 10):  # change some files before every run
             write(str(docs / f"d{i:03d}.md"), f"# Doc {i} v{round_}\n\nmarker{round_}x{i} " +
                   " ".join(f"word{rng.randrange(500)}" for _ in range(300)) + "\n")
-        proc = subprocess.Popen([sys.executable, script, "index", "--data-dir", str(tmp_path),
-                                 "--config", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=env)
-        time.sleep(rng.uniform(0.2, 1.2))
+        proc = subprocess.Popen(index, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                                universal_newlines=True)
+        while_writing = round_ % 2 == 1
+        for line in proc.stderr:   # "[kb] 1/120 files" when reading starts, "[kb] 120/120 files" when done
+            if "/120 files" in line and (not while_writing or "120/120" in line):
+                break
+        time.sleep(rng.uniform(0.0, 0.05 if while_writing else 0.2))
         proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        killed.append(proc.wait() == -signal.SIGKILL)
+        proc.stderr.close()
         kb = make_kb(tmp_path)  # a fresh process's view: nothing cached
         generation, bm25 = kb.current()
-        if generation is None:
-            continue
-        committed_states += 1
+        assert generation is not None   # the previous generation, or the one the killed run committed
         manifest = generation.manifest
         assert len(generation) == sum(len(e["chunk_ids"]) for e in manifest.values())
         stored = [c["id"] for c in generation.chunks]  # every line parses as a chunk
@@ -287,7 +297,7 @@ def test_sigkill_during_indexing_never_leaves_a_broken_kb(tmp_path):
     newest = [p for p in os.listdir(str(docs)) if "v11" in (docs / p).read_text()]
     hit = kb.search("marker11x" + newest[0][1:4].lstrip("0"), 1)
     assert hit and hit[0].chunk["source"] == "kb/" + newest[0]
-    assert committed_states >= 1
+    assert killed.count(True) >= 6   # the kills did land inside the runs
 
 
 def test_changed_chunking_settings_rebuild_every_file(tmp_path, docs):

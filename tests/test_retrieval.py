@@ -11,6 +11,7 @@ import anthropic
 import openai
 import pytest
 
+import ragproxy
 from _ragproxy import jsonbody
 from conftest import API_KEY, proxy_config
 
@@ -191,6 +192,27 @@ def test_agent_loop_prefixes_are_byte_identical(rag_proxy, fake, data_dir):
         {"role": "user", "content": "And the purple elephant, again?"}])
     assert fresh.choices[0].message.content
     assert "sings at noon" in fake.last.json["messages"][-1]["content"]
+
+
+def test_a_reload_applies_turn_cache_size_at_once(make_proxy, fake, data_dir):
+    fake.secrets = [SECRET]
+    proxy = make_proxy(kb_config(fake.url), data_dir=data_dir)
+    proxy.app.knowledge_bases.index_all()
+    client = _openai(proxy)
+    turn = [{"role": "user", "content": "What does the purple elephant do?"}]
+
+    def injected():
+        client.chat.completions.create(model="llama3", messages=turn)
+        return fake.last.json["messages"][-1]["content"]
+
+    assert "sings at midnight" in injected()
+    (data_dir / "documents" / "docs" / "guide.md").write_text(GUIDE.replace("midnight", "noon"))
+    proxy.app.knowledge_bases.index_all()
+    assert "sings at midnight" in injected()   # the same human turn: served from the per-turn cache
+    proxy.app.reload(ragproxy.Config.from_text(kb_config(fake.url, rag="  turn_cache_size: 0\n")))
+    assert len(proxy.app.retriever.turns) == 0
+    assert "sings at noon" in injected()       # no cache now: retrieved again, and the edit shows
+    assert len(proxy.app.retriever.turns) == 0
 
 
 def _failing_embedding_config(fake, policy, port=9):
