@@ -81,9 +81,10 @@ def _load_secret_key(data_dir, environ, rng=None):
     return key, True
 
 
-def _setup_logging(level, logs_dir=None):
+def _setup_logging(level, logs_dir=None, rotate=False):
+    """Log to stderr and, with ``logs_dir``, to its rag-proxy.log: rotated (10 MiB x 5) by the
+    server, which writes for days; a one-shot command appends its few lines."""
     import logging
-    import logging.handlers
 
     root = logging.getLogger("ragproxy")
     root.setLevel(level)
@@ -95,10 +96,15 @@ def _setup_logging(level, logs_dir=None):
     root.addHandler(console)
     if logs_dir:
         path = os.path.join(logs_dir, "rag-proxy.log")
-        rotating = logging.handlers.RotatingFileHandler(path, maxBytes=10 * 1024 * 1024, backupCount=5,
-                                                        encoding="utf-8")
-        rotating.setFormatter(fmt)
-        root.addHandler(rotating)
+        if rotate:
+            import logging.handlers
+
+            to_file = logging.handlers.RotatingFileHandler(path, maxBytes=10 * 1024 * 1024, backupCount=5,
+                                                           encoding="utf-8")
+        else:
+            to_file = logging.FileHandler(path, encoding="utf-8")
+        to_file.setFormatter(fmt)
+        root.addHandler(to_file)
     root.propagate = False
 
 
@@ -155,7 +161,8 @@ def _load_settings(opt, environ):
         _prepare_data_dir(data_dir)
     except OSError as exc:
         raise _CLIError(f"cannot create data directory {data_dir}: {exc}") from None
-    _setup_logging(overrides["server.log_level"] or "INFO", os.path.join(data_dir, "logs"))
+    serving = (opt.get("command") or "serve") == "serve"
+    _setup_logging(overrides["server.log_level"] or "INFO", os.path.join(data_dir, "logs"), serving)
     created_key = None
     if not os.path.exists(config_path):
         if opt.get("config") or environ.get("RAGPROXY_CONFIG"):
@@ -165,7 +172,7 @@ def _load_settings(opt, environ):
         config = Config.load(config_path, environ=environ, overrides=overrides)
     except (ConfigError, YAMLError) as exc:
         raise _CLIError(f"invalid configuration, not starting:\n{exc}") from None
-    _setup_logging(config.server["log_level"], os.path.join(data_dir, "logs"))
+    _setup_logging(config.server["log_level"], os.path.join(data_dir, "logs"), serving)
     if created_key:
         _log().info("wrote a default config to %s; clients authenticate with the API key %s", config_path,
                  created_key)
@@ -183,9 +190,6 @@ def main(argv=None, environ=None):
     if args.version:
         print(version_text())
         return 0
-    from .embeddings import EmbeddingError
-    from .npy import StoreError
-
     opt = vars(args)
     command = args.command or "serve"
     try:
@@ -193,16 +197,28 @@ def main(argv=None, environ=None):
         if command == "serve":
             return _serve(data_dir, config_path, overrides, config, environ)
         from .kb import KnowledgeBases
-        from .upstream import make_http_pool
 
-        kbs = KnowledgeBases(config, data_dir, make_http_pool())
+        kbs = KnowledgeBases(config, data_dir)
         return _KB_COMMANDS[command](args, kbs)
     except _CLIError as exc:
         _log().error("%s", exc)
         return 2
-    except (EmbeddingError, StoreError, OSError, ValueError) as exc:
+    except Exception as exc:
+        if not isinstance(exc, _reported_errors()):
+            raise
         _log().error("%s: %s", command, exc)
         return 1
+
+
+def _reported_errors():
+    """What a command reports in one line (exit status 1) rather than as a traceback."""
+    from .npy import StoreError
+
+    known = (StoreError, OSError, ValueError)
+    # Only a command that loaded the embedding client can meet its errors; importing it
+    # here just to name them would cost every lexical command the HTTP client.
+    embeddings = sys.modules.get(__package__ + ".embeddings")
+    return known + (embeddings.EmbeddingError,) if embeddings is not None else known
 
 
 def _kb_or_fail(kbs, name):

@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
-import ipaddress
 import json
 import logging
 import os
 import re
-import secrets
-import ssl
 import threading
 import urllib.parse
 
@@ -441,6 +437,8 @@ def _check(value, schema, path, positions, errors):
 
 
 def _close_match(word, choices):
+    import difflib   # here: only a config with a typo pays for it
+
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
     return close[0] if close else None
 
@@ -559,6 +557,8 @@ def _check_client_certificate(spec, path, positions, errors):
             errors.append((_format_path(where), _line_of(positions, path + ("client_key",)),
                            "client_key needs client_cert"))
         return
+    import ssl   # here: only a config naming a client certificate pays for it
+
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(spec["client_cert"], spec.get("client_key") or None)
     except (ssl.SSLError, OSError) as exc:
@@ -624,16 +624,23 @@ def _check_semantics(raw, positions, errors):
 
 
 def _is_loopback(host):
-    if host == "localhost":
+    if host in ("localhost", "127.0.0.1", "::1"):   # the usual answers, without importing ipaddress
         return True
+    import ipaddress
+
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 
 
-def write_default_config(path, rng=secrets):
-    """Create a commented default config with a fresh API key; returns that key."""
+def write_default_config(path, rng=None):
+    """Create a commented default config with a fresh API key; returns that key.
+
+    ``rng`` (default: the secrets module) makes the key: ``rng.token_urlsafe(24)``.
+    """
+    if rng is None:
+        import secrets as rng
     key = "rp-" + rng.token_urlsafe(24)
     atomic_write(path, DEFAULT_CONFIG_TEMPLATE.replace("@@API_KEY@@", key).encode("utf-8"))
     return key

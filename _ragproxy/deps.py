@@ -141,6 +141,16 @@ def _dist_info_version(site_dir, dist):
     return None
 
 
+def probed(name):
+    """The dependency behind attribute ``name`` if its probe has run already, else None; never probes.
+
+    For code that uses an accelerator only where it pays: once it is
+    imported it costs nothing more, while importing numpy alone takes longer
+    than a whole one-shot lexical search.
+    """
+    return globals().get(name)
+
+
 def __getattr__(name):
     """Probe an optional dependency on first read; the answer then stays (PEP 562)."""
     if name in _OPTIONAL:

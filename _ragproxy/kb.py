@@ -9,8 +9,12 @@ source) and runs beside queries, which keep using the last committed
 generation until the next commit is complete.  KnowledgeBases holds the
 configured ones, their embedding clients and the indexer thread.
 
+What only some knowledge bases need is imported where it is used: the
+document extractors by indexing, the embedding client (and the HTTP client
+under it) by dense and hybrid ones, so a lexical search loads neither.
+
 May import: chunking, defaults, deps, docfolder, documents, embeddings, fusion, npy, sources, store,
-text.
+text, upstream.
 """
 from __future__ import annotations
 
@@ -19,7 +23,6 @@ import collections
 import contextlib
 import dataclasses
 import glob
-import hashlib
 import itertools
 import json
 import logging
@@ -30,7 +33,6 @@ import time
 from . import deps
 from .defaults import BM25_B, BM25_K1, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_BYTES
 from .docfolder import UPLOAD_MANIFEST, read_manifest
-from .embeddings import EmbeddingClient, EmbeddingFatal, EmbeddingRateLimited, EmbeddingTransient
 from .fusion import FUSION_DEPTH, rrf, zscore_fusion
 from .npy import npy_read_array, npy_write_array
 from .sources import ALWAYS_EXCLUDED_DIRS, GitIgnore, glob_match
@@ -346,6 +348,8 @@ class KnowledgeBase:
         """
         # Here, not at the top: reading files is indexing's job, and a search
         # (the CLI's above all) should not load every format's extractor.
+        import hashlib
+
         from .chunking import chunk_document
         from .documents import SkipFile, extract
 
@@ -420,6 +424,7 @@ class KnowledgeBase:
                 lexical = [(row, score) for row, score in lexical if score >= min_lexical and score > 0]
         if mode in ("dense", "hybrid"):
             if self.embedder is None or generation.vectors is None:
+                from .embeddings import EmbeddingFatal
                 raise EmbeddingFatal(f"knowledge base {self.spec.name!r} has no vectors for {mode} search")
             started = clock()
             vector = self.embedder.embed_query(query)
@@ -484,6 +489,7 @@ class _EmbedBatch:
         self.deferred_kept = []  # (source, old manifest entry)
         self.dense = kb.spec.retrieval != "lexical"
         if self.dense and kb.embedder is None:
+            from .embeddings import EmbeddingFatal
             raise EmbeddingFatal(f"knowledge base {kb.spec.name!r} needs an embedding provider "
                                  f"for retrieval: {kb.spec.retrieval}")
 
@@ -506,6 +512,7 @@ class _EmbedBatch:
             return
         vectors = None
         if self.dense:
+            from .embeddings import EmbeddingTransient
             texts = [c.index_text() for _, _, chunks, _ in pending for c in chunks]
             try:
                 vectors = self.kb.embedder.embed(texts) if texts else []
@@ -631,9 +638,9 @@ class _ForwardIndex:
 class KnowledgeBases:
     """The configured knowledge bases, their embedders and the background indexer."""
 
-    def __init__(self, config, data_dir, http_pool, clock=time.time, on_report=None):
+    def __init__(self, config, data_dir, http_pool=None, clock=time.time, on_report=None):
         self.data_dir = data_dir
-        self.http = http_pool
+        self.http = http_pool   # made when an embedding provider first needs one
         self.clock = clock
         self.on_report = on_report  # called with each IndexReport (metrics)
         self.kbs = {}
@@ -664,6 +671,10 @@ class KnowledgeBases:
                         embedders.setdefault(provider, kbs[name].embedder)
                     continue
                 if provider is not None and provider not in embedders:
+                    from .embeddings import EmbeddingClient
+                    if self.http is None:
+                        from .upstream import make_http_pool
+                        self.http = make_http_pool()
                     embedders[provider] = EmbeddingClient(
                         provider, self.http, os.path.join(self.data_dir, "cache", "embedding"),
                         batch_size=provider.batch_size, max_concurrency=provider.max_concurrency)
@@ -687,6 +698,8 @@ class KnowledgeBases:
         self._wake.set()
 
     def index_all(self, full=False):
+        from .embeddings import EmbeddingRateLimited
+
         reports = []
         with self._lock:
             full_for, self._full_requested = self._full_requested, set()

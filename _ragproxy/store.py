@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import shutil
 import threading
 import time
@@ -206,7 +205,9 @@ class Generation:
         self.meta = meta = self._read_meta()
         count = meta["chunks"]
         arrays = []
-        self.offsets = npy_read_array(self.path(_OFFSETS))
+        # Read one entry per chunk fetched: a plain memory map serves that
+        # without numpy, which a lexical search then never has to import.
+        self.offsets = NpyArray(self.path(_OFFSETS))
         arrays.append(self.offsets)
         if len(self.offsets) != count + 1:
             raise StoreError("%s: index has %d entries for %d chunks" % (self.dir, len(self.offsets), count))
@@ -352,7 +353,7 @@ class GenerationWriter:
             raise ValueError("compact must be None, 'f16', 'i8' or 'b1', not %r" % (compact,))
         self._store = store
         self.compact_kind = compact
-        self.dir = os.path.join(store.root, ".tmp-%d-%s" % (os.getpid(), secrets.token_hex(4)))
+        self.dir = os.path.join(store.root, ".tmp-%d-%s" % (os.getpid(), os.urandom(4).hex()))
         # Registered before it exists, so a clean-up in another thread of this
         # process never takes it for an abandoned one.
         with _REGISTRY.lock:
@@ -777,7 +778,7 @@ class KBStore:
                 if name in keep or (not cross_process and int(name[1:]) > newest_kept):
                     continue
                 # Rename first so a half-deleted generation can never look complete.
-                trash = os.path.join(self.root, ".trash-%d-%s" % (os.getpid(), secrets.token_hex(4)))
+                trash = os.path.join(self.root, ".trash-%d-%s" % (os.getpid(), os.urandom(4).hex()))
                 try:
                     os.rename(path, trash)
                 except OSError as e:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import bisect
 import collections
+import collections.abc
 import contextlib
 import functools
 import gc
@@ -20,6 +21,7 @@ import heapq
 import itertools
 import json
 import math
+import mmap
 import os
 import re
 import sys
@@ -28,7 +30,7 @@ import unicodedata
 from . import deps
 from .defaults import BM25_B, BM25_K1
 from .files import atomic_write
-from .npy import npy_read_array, npy_read_flat, npy_write_array
+from .npy import NpyArray, npy_read_flat, npy_write_array
 
 # --------------------------------------------------------------------------
 # English stemmer: Snowball English ("Porter2"), written from the published
@@ -470,13 +472,21 @@ class BM25Index:
 
     Storage is CSR by term: ``indptr`` (int32, vocabulary + 1), ``doc_ids``
     (int32, ascending within a term), ``weights`` (float32) and ``max_weights``
-    (float32, per term).  With numpy these are ndarrays (memory-mapped after
-    :meth:`load`), else ``array.array``; both give the same rankings.
+    (float32, per term).  A built index holds numpy arrays (else
+    ``array.array``); a loaded one holds read-only views of the memory-mapped
+    files, and its vocabulary is looked up in the file too (TermTable), so
+    opening a large index costs almost nothing.  Both paths give the same
+    rankings: a loaded index scores with numpy when it is already imported or
+    the postings are many enough to pay for importing it (NUMPY_MIN_POSTINGS).
     """
+
+    #: Postings below which a loaded index scores in pure Python rather than import numpy for it:
+    #: the pure path sums ~10 million postings a second here, importing numpy takes ~50 ms.
+    NUMPY_MIN_POSTINGS = 500_000
 
     def __init__(self, vocab, indptr, doc_ids, weights, max_weights, n_docs,
                  k1=BM25_K1, b=BM25_B, avgdl=0.0):
-        np = deps.np
+        np = deps.probed("np")   # arrays it did not make cannot be numpy's
         self.vocab = vocab          # term -> term id
         self.indptr = indptr
         self.doc_ids = doc_ids
@@ -486,7 +496,9 @@ class BM25Index:
         self.k1 = k1
         self.b = b
         self.avgdl = avgdl
+        # numpy arrays in, numpy scoring; views of loaded files choose per query (see _numpy_for).
         self._np = np if (np is not None and isinstance(weights, np.ndarray)) else None
+        self._np_views = None
 
     def __len__(self):
         return self.n_docs
@@ -648,13 +660,30 @@ class BM25Index:
         rest = [0.0] * len(terms)
         for j in range(len(terms) - 2, -1, -1):
             rest[j] = rest[j + 1] + terms[j + 1][0]
-        if self._np is not None:
-            return self._search_numpy(terms, rest, top_k)
+        arrays = self._numpy_for(terms)
+        if arrays is not None:
+            return self._search_numpy(arrays, terms, rest, top_k)
         return self._search_pure(terms, rest, top_k)
 
-    def _search_numpy(self, terms, rest, top_k):
-        np = self._np
-        indptr, doc_ids, weights = self.indptr, self.doc_ids, self.weights
+    def _numpy_for(self, terms):
+        """``(np, indptr, doc_ids, weights)`` when numpy scores this query, else None."""
+        if self._np is not None:
+            return self._np, self.indptr, self.doc_ids, self.weights
+        np = deps.probed("np")
+        if np is None:
+            indptr = self.indptr
+            if sum(indptr[tid + 1] - indptr[tid] for _, tid, _ in terms) < self.NUMPY_MIN_POSTINGS:
+                return None
+            np = deps.np
+            if np is None:
+                return None
+        if self._np_views is None:   # zero-copy: numpy reads the same memory-mapped pages
+            self._np_views = (np, np.frombuffer(self.indptr, dtype=np.int32),
+                              np.frombuffer(self.doc_ids, dtype=np.int32), np.frombuffer(self.weights, dtype=np.float32))
+        return self._np_views
+
+    def _search_numpy(self, arrays, terms, rest, top_k):
+        np, indptr, doc_ids, weights = arrays
         scores = np.zeros(self.n_docs)
         cands = None      # once set, only these documents can still make the top k
         theta = 0.0       # a lower bound on the final k-th best score
@@ -735,47 +764,143 @@ class BM25Index:
     def save(self, dirpath):
         """Write the index into directory ``dirpath`` (created if missing).
 
-        Files: ``bm25.json`` (parameters and the vocabulary in term-id order)
-        and ``bm25_<array>.npy`` for each array.  Each file is replaced
-        atomically and the JSON goes last, but the set is not: to swap a live
-        index, save into a new directory and rename it.
+        Files: ``bm25.json`` (parameters), ``bm25_<array>.npy`` for each
+        array, and the vocabulary as a TermTable (``bm25_terms.bin``,
+        ``bm25_term_offsets.npy``, ``bm25_term_ids.npy``).  Each file is
+        replaced atomically and the JSON goes last, but the set is not: to
+        swap a live index, save into a new directory and rename it.
         """
         os.makedirs(dirpath, exist_ok=True)
         for name, dtype in self._ARRAYS:
             npy_write_array(os.path.join(dirpath, "bm25_%s.npy" % name),
                              getattr(self, name), dtype)
-        terms = [""] * len(self.vocab)
-        for term, tid in self.vocab.items():
-            terms[tid] = term
-        meta = {"format": 1, "variant": "lucene", "k1": self.k1, "b": self.b,
-                "n_docs": self.n_docs, "avgdl": self.avgdl, "terms": terms}
+        TermTable.write(dirpath, self.vocab)
+        meta = {"format": 2, "variant": "lucene", "k1": self.k1, "b": self.b,
+                "n_docs": self.n_docs, "avgdl": self.avgdl, "n_terms": len(self.vocab)}
         atomic_write(os.path.join(dirpath, "bm25.json"),
                      json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
     @classmethod
     def load(cls, dirpath):
-        """Read an index written by :meth:`save` (arrays memory-mapped with numpy)."""
+        """Read an index written by :meth:`save`: nothing is parsed or copied but bm25.json.
+
+        Format 1 (before the TermTable) kept the vocabulary in bm25.json; such
+        an index still loads, parsing it.
+        """
         path = os.path.join(dirpath, "bm25.json")
         try:
             with open(path, encoding="utf-8") as f:
                 meta = json.load(f)
         except ValueError as e:
             raise ValueError("%s: not a BM25 index (%s)" % (path, e)) from None
-        if meta.get("format") != 1:
+        if meta.get("format") not in (1, 2):
             raise ValueError("%s: unsupported BM25 index format %r" % (path, meta.get("format")))
-        # Without numpy the postings must be array.array: search slices and
-        # bisects them.
-        read = npy_read_array if deps.np is not None else (lambda p: npy_read_flat(p)[0])
-        arrays = {name: read(os.path.join(dirpath, "bm25_%s.npy" % name))
-                  for name, _ in cls._ARRAYS}
-        terms = meta["terms"]
-        if (len(arrays["indptr"]) != len(terms) + 1 or len(arrays["max_weights"]) != len(terms)
+        arrays = {name: _read_view(os.path.join(dirpath, "bm25_%s.npy" % name)) for name, _ in cls._ARRAYS}
+        if meta["format"] == 1:
+            vocab = {term: tid for tid, term in enumerate(meta["terms"])}
+        else:
+            vocab = TermTable(dirpath)
+        if (len(arrays["indptr"]) != len(vocab) + 1 or len(arrays["max_weights"]) != len(vocab)
                 or len(arrays["doc_ids"]) != len(arrays["weights"])
-                or (terms and int(arrays["indptr"][-1]) != len(arrays["doc_ids"]))):
+                or (len(vocab) and int(arrays["indptr"][-1]) != len(arrays["doc_ids"]))):
             raise ValueError("%s: BM25 index files do not match each other" % dirpath)
-        vocab = {term: tid for tid, term in enumerate(terms)}
         return cls(vocab, n_docs=meta["n_docs"], k1=meta["k1"], b=meta["b"],
                    avgdl=meta["avgdl"], **arrays)
+
+
+def _read_view(path):
+    """A read-only, zero-copy view of a 1-D .npy file's numbers (a copy where the host's byte order
+    needs one): search slices and bisects it, and numpy can wrap it without copying either."""
+    arr = NpyArray(path)
+    return arr.flat if arr.flat is not None else npy_read_flat(path)[0]
+
+
+def _map_file(path):
+    """A file's bytes as a read-only memory map (bytes for an empty file, which cannot be mapped)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+class TermTable(collections.abc.Mapping):
+    """A loaded index's vocabulary, term -> term id, read from files without parsing them.
+
+    ``bm25_terms.bin`` holds the terms (UTF-8) one after another in byte
+    order, ``bm25_term_offsets.npy`` where each begins (and the end), and
+    ``bm25_term_ids.npy`` each one's id.  A lookup is a binary search over
+    the memory-mapped files: a query's few terms cost microseconds, where
+    parsing 200,000 terms costs ~40 ms, which was most of a one-shot search
+    of a large KB.  Iterating (indexing rebuilds the vocabulary from it)
+    decodes every term once and keeps the dict.
+    """
+
+    FILES = ("bm25_terms.bin", "bm25_term_offsets.npy", "bm25_term_ids.npy")
+
+    def __init__(self, dirpath):
+        blob, offsets, ids = (os.path.join(dirpath, name) for name in self.FILES)
+        self._blob = _map_file(blob)
+        self._offsets, self._ids = _read_view(offsets), _read_view(ids)
+        if len(self._offsets) != len(self._ids) + 1 or (len(self._ids) and self._offsets[-1] != len(self._blob)):
+            raise ValueError("%s: the BM25 term table files do not match each other" % dirpath)
+        self._all = None
+
+    @staticmethod
+    def write(dirpath, vocab):
+        """Write ``vocab`` (a mapping term -> id) as a table."""
+        pairs = sorted((term.encode("utf-8", "surrogatepass"), tid) for term, tid in vocab.items())
+        offsets = array.array("q", [0])
+        offsets.extend(itertools.accumulate(len(term) for term, _ in pairs))
+        atomic_write(os.path.join(dirpath, TermTable.FILES[0]), b"".join(term for term, _ in pairs))
+        npy_write_array(os.path.join(dirpath, TermTable.FILES[1]), offsets, "<i8")
+        npy_write_array(os.path.join(dirpath, TermTable.FILES[2]), array.array("i", (tid for _, tid in pairs)), "<i4")
+
+    def get(self, term, default=None):
+        if self._all is not None:
+            return self._all.get(term, default)
+        key = term.encode("utf-8", "surrogatepass")
+        blob, offsets = self._blob, self._offsets
+        lo, hi = 0, len(self._ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if blob[offsets[mid]:offsets[mid + 1]] < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < len(self._ids) and blob[offsets[lo]:offsets[lo + 1]] == key:
+            return self._ids[lo]
+        return default
+
+    def __getitem__(self, term):
+        tid = self.get(term)
+        if tid is None:
+            raise KeyError(term)
+        return tid
+
+    def __contains__(self, term):
+        return self.get(term) is not None
+
+    def __len__(self):
+        return len(self._ids)
+
+    def _dict(self):
+        if self._all is None:
+            blob, offsets = bytes(self._blob), self._offsets
+            self._all = {blob[offsets[i]:offsets[i + 1]].decode("utf-8", "surrogatepass"): tid
+                         for i, tid in enumerate(self._ids)}
+        return self._all
+
+    def __iter__(self):
+        return iter(self._dict())
+
+    def keys(self):
+        return self._dict().keys()
+
+    def items(self):
+        return self._dict().items()
+
+    def values(self):
+        return self._dict().values()
 
 
 def _score_then_low_doc(item):

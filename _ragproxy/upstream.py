@@ -451,17 +451,27 @@ class _SchemePool:
     """
 
     def __init__(self, maxsize=32):
+        self._maxsize = maxsize
         self._plain = _SocketPool(maxsize)
-        self._tls = _Urllib3Pool(maxsize) if deps.urllib3 is not None else _HTTPClientPool(maxsize)
+        self._tls = None   # made by the first https request: most runs never need urllib3 loaded
+        self._lock = threading.Lock()
 
     def request(self, method, url, headers, body, connect_timeout, read_timeout, tls=_SYSTEM_TLS):
         """Send one request; an https ``url`` is spoken to as ``tls`` says (see Provider.tls)."""
-        pool = self._tls if url[:6].lower() == "https:" else self._plain
+        pool = self._tls_pool() if url[:6].lower() == "https:" else self._plain
         return pool.request(method, url, headers, body, connect_timeout, read_timeout, tls)
+
+    def _tls_pool(self):
+        with self._lock:
+            if self._tls is None:
+                self._tls = _Urllib3Pool(self._maxsize) if deps.urllib3 is not None else _HTTPClientPool(self._maxsize)
+            return self._tls
 
     def close(self):
         self._plain.close()
-        self._tls.close()
+        with self._lock:
+            if self._tls is not None:
+                self._tls.close()
 
 
 def make_http_pool(maxsize=32):

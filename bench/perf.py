@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
 """Speed of ragproxy's retrieval next to the usual Python libraries, in one run.
 
-    python bench/perf.py                                  # lexical, dense (10k, 100k), startup: ~5 min
+    python bench/perf.py                                  # lexical, dense (10k, 100k): ~4 min
     python bench/perf.py --only lexical                   # BM25 on the stdlib's .py files (~75k chunks)
     python bench/perf.py --only dense --dense-sizes 10000,100000,1000000    # 1M needs ~6 GB RAM
-    python bench/perf.py --only startup --startup-chunks 100000
     python bench/perf.py --only lexical --max-files 20 --queries 10          # a quick smoke run
     python bench/perf.py --json                           # the tables, then one JSON line
     python bench/perf.py --ragproxy /tmp/patched/ragproxy.py                 # measure a changed copy
@@ -36,11 +35,7 @@ dense    Unit vectors (384 dims, clustered like sentence embeddings, fixed
          query by query (--back-to-back: each side's queries in a row, warm
          caches and thread pools).  BLAS threads: compare a run under
          OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1.
-startup  A knowledge base of --startup-chunks chunks is built once with
-         ``ragproxy.py import``; then fresh processes of ``ragproxy.py search``
-         are timed from start to exit (median of --startup-runs), next to a
-         bare interpreter and a bare ``import ragproxy``.  The page cache is
-         warm (the files were just written).
+(Start-up time has its own bench: bench/startup.py.)
 
 Optional libraries (bench/requirements.txt): bm25s, PyStemmer, rank_bm25,
 faiss-cpu.  A missing one is reported ("bm25s not installed") and its side
@@ -68,7 +63,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RAGPROXY = os.path.join(ROOT, "ragproxy.py")
-PARTS = ("lexical", "dense", "startup")
+PARTS = ("lexical", "dense")
 DIM = 384
 TOP = 10
 
@@ -662,140 +657,12 @@ def _blas_info():
 
 
 # --------------------------------------------------------------------------
-# Start-up
-
-
-def _time_process(cmd, env, runs):
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=600)
-        times.append(time.perf_counter() - t0)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
-    return statistics.median(times), proc.stdout.decode()
-
-
-def run_startup(args, rp, report):
-    root, files = stdlib_files(args.max_files)
-    chunks, _, _ = chunk_corpus(rp, root, files)
-    if not chunks:
-        print("\n== startup: no chunks; skipped")
-        return
-    n = args.startup_chunks
-    queries = make_queries(chunks, 10)
-    tmp = tempfile.mkdtemp(prefix="ragproxy-perf-startup-")
-    try:
-        corpus = os.path.join(tmp, "corpus.jsonl")
-        with open(corpus, "w", encoding="utf-8") as f:
-            for i in range(n):
-                c = chunks[i % len(chunks)]
-                f.write(json.dumps({"_id": str(i), "title": c.symbol or c.source, "text": c.text}) + "\n")
-        data = os.path.join(tmp, "data")
-        os.makedirs(os.path.join(data, "config"))
-        config = os.path.join(data, "config", "config.yaml")
-        with open(config, "w", encoding="utf-8") as f:
-            f.write("server: {host: 127.0.0.1, port: 0}\napi_key_auth: false\nproviders:\n  llm: {}\nmodels: []\n"
-                    "knowledge_bases:\n  kb:\n    retrieval: lexical\n    max_file_bytes: 4294967296\n")
-        env = dict(os.environ)
-        env.pop("RAGPROXY_PURE", None)
-        base_cmd = [sys.executable, args.ragproxy, "--data-dir", data, "--config", config, "--log-level", "WARNING"]
-        t0 = time.perf_counter()
-        proc = subprocess.run(base_cmd[:2] + ["import", "kb", corpus] + base_cmd[2:], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=3600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"ragproxy.py import failed ({proc.returncode}): {proc.stderr[-500:]}")
-        import_s = time.perf_counter() - t0
-        probe = subprocess.run(base_cmd[:2] + ["kb", "list"] + base_cmd[2:], env=env, stdout=subprocess.PIPE,
-                               text=True, timeout=600).stdout
-        m = re.search(r"^kb\s+\S+\s+(\d+)", probe, re.M)
-        n_chunks = int(m.group(1)) if m else None
-        query = queries[1] if len(queries) > 1 else (queries or ["def"])[0]
-        search_args = ["search", "kb", query, "--json"] + base_cmd[2:]
-        rp_dir = os.path.dirname(os.path.abspath(args.ragproxy))
-        rp_mod = os.path.splitext(os.path.basename(args.ragproxy))[0]
-        import_code = "import sys; sys.path.insert(0, %r); import %s" % (rp_dir, rp_mod)
-        # "cached": bytecode allowed and written to a private prefix first, as
-        # for an installed module; a script run as "python ragproxy.py" is
-        # compiled on every start whatever the settings.
-        cached_env = dict(env, PYTHONPYCACHEPREFIX=os.path.join(tmp, "pycache"))
-        cached_env.pop("PYTHONDONTWRITEBYTECODE", None)
-        cached_env["PYTHONPATH"] = rp_dir + os.pathsep + env.get("PYTHONPATH", "")
-        subprocess.run([sys.executable, "-c", import_code], env=cached_env, check=True, timeout=600)
-        plain = dict(env, PYTHONDONTWRITEBYTECODE="1")
-        pure = {"RAGPROXY_PURE": "1"}
-        cases = (
-            ("python -c pass", [sys.executable, "-c", "pass"], plain),
-            ("import ragproxy (compiled on import)", [sys.executable, "-c", import_code], plain),
-            ("import ragproxy (cached bytecode)", [sys.executable, "-c", import_code], cached_env),
-            ("python ragproxy.py search", base_cmd[:2] + search_args, plain),
-            ("python -m ragproxy search (cached bytecode)", [sys.executable, "-m", rp_mod] + search_args, cached_env),
-            ("import ragproxy (pure, cached bytecode)", [sys.executable, "-c", import_code], dict(cached_env, **pure)),
-            ("python ragproxy.py search (pure)", base_cmd[:2] + search_args, dict(plain, **pure)),
-            ("python -m ragproxy search (pure, cached bytecode)", [sys.executable, "-m", rp_mod] + search_args,
-             dict(cached_env, **pure)),
-        )
-        rows, summary = [], {"records": n, "chunks": n_chunks, "import_s": round(import_s, 2),
-                             "runs": args.startup_runs, "query": query, "ms": {}}
-        # Rounds: every case once per round, so outside load hits all alike.
-        times = [[] for _ in cases]
-        outputs = [""] * len(cases)
-        for _ in range(args.startup_runs):
-            for i, (label, cmd, run_env) in enumerate(cases):
-                seconds, outputs[i] = _time_process(cmd, run_env, 1)
-                times[i].append(seconds)
-        for (label, _, _), secs, stdout in zip(cases, times, outputs):
-            hits = sum(1 for ln in stdout.splitlines() if ln.startswith("{")) if "search" in label else None
-            ms = round(statistics.median(secs) * 1000, 1)
-            rows.append((label, ms, hits))
-            summary["ms"][label] = ms
-        # Where the time goes, inside one process (cached bytecode).
-        probe_code = "\n".join([
-            "import json, sys, time",
-            "t0 = time.perf_counter()",
-            "sys.path.insert(0, %r)" % rp_dir,
-            "import %s as rp" % rp_mod,
-            "t1 = time.perf_counter()",
-            "kbs = rp.KnowledgeBases(rp.Config.load(%r), %r, rp.make_http_pool())" % (config, data),
-            "kb = kbs.get('kb')",
-            "t2 = time.perf_counter()",
-            "kb.current()",
-            "t3 = time.perf_counter()",
-            "hits = kb.search(%r, 5)" % query,
-            "t4 = time.perf_counter()",
-            "kb.search(%r, 5)" % query,
-            "t5 = time.perf_counter()",
-            "print(json.dumps([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, len(hits)]))",
-        ])
-        phases = ("import ragproxy", "config + KnowledgeBases", "open generation + load BM25",
-                  "first search", "second search")
-        breakdown = {}
-        for mode, extra in (("numpy", {}), ("pure", pure)):
-            samples = []
-            for _ in range(max(3, args.startup_runs // 2)):
-                _, stdout = _time_process([sys.executable, "-c", probe_code], dict(cached_env, **extra), 1)
-                samples.append(json.loads(stdout.strip().splitlines()[-1]))
-            breakdown[mode] = {ph: round(statistics.median(x[i] for x in samples) * 1000, 2)
-                               for i, ph in enumerate(phases)}
-        summary["phases_ms"] = breakdown
-        print(f"\n== startup: a lexical KB of {n_chunks} chunks ({n} JSONL records of stdlib code) built by "
-              f"`ragproxy.py import` in {import_s:.1f} s; query {query!r}; median of {args.startup_runs} "
-              f"rounds of fresh processes, warm page cache")
-        print_table(("process", "start to exit ms", "hits"), rows)
-        print("   inside one process (cached bytecode), median ms:")
-        print_table(("phase", "numpy", "pure"), [(ph, breakdown["numpy"][ph], breakdown["pure"][ph]) for ph in phases])
-        report["startup"] = summary
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-# --------------------------------------------------------------------------
 
 
 def _parse_args(argv):
     p = argparse.ArgumentParser(description="ragproxy retrieval speed next to bm25s, rank_bm25, numpy and faiss.")
-    p.add_argument("--only", default=",".join(PARTS), help="parts to run: lexical,dense,startup (default all)")
-    p.add_argument("--max-files", type=int, default=0, help="lexical/startup: first N stdlib files (default all)")
+    p.add_argument("--only", default=",".join(PARTS), help="parts to run: lexical,dense (default both)")
+    p.add_argument("--max-files", type=int, default=0, help="lexical: first N stdlib files (default all)")
     p.add_argument("--queries", type=int, default=200, help="lexical queries (default 200)")
     p.add_argument("--rank-bm25-queries", type=int, default=20,
                    help="queries for rank_bm25, which scores every document per query (default 20)")
@@ -818,8 +685,6 @@ def _parse_args(argv):
                    "taking turns")
     p.add_argument("--pure-queries", type=int, default=20, help="queries for the stdlib-only dense side (default 20)")
     p.add_argument("--no-pure", action="store_true", help="skip the stdlib-only dense side")
-    p.add_argument("--startup-chunks", type=int, default=100000, help="chunks in the start-up KB (default 100000)")
-    p.add_argument("--startup-runs", type=int, default=9, help="fresh processes timed per figure (default 9)")
     p.add_argument("--ragproxy", default=RAGPROXY, metavar="PATH", help="ragproxy.py to measure")
     p.add_argument("--json", action="store_true", help="after the tables, one JSON line with every figure")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -869,8 +734,6 @@ def main(argv=None):
         run_lexical(args, rp, report)
     if "dense" in args.parts:
         run_dense(args, rp, report)
-    if "startup" in args.parts:
-        run_startup(args, rp, report)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     if args.json:
         print(json.dumps(report, sort_keys=True))

@@ -194,11 +194,10 @@ def test_perf_lexical_runs_without_bm25s(tmp_path):
     assert sides["ragproxy"]["docs"] > 0 and sides["ragproxy"]["queries"] == 10
 
 
-def test_perf_dense_and_startup_tiny(tmp_path):
+def test_perf_dense_tiny(tmp_path):
     pytest.importorskip("numpy")
-    proc = run_script("perf.py", "--only", "dense,startup", "--dense-sizes", "500", "--dense-queries", "5",
-                      "--pure-queries", "2", "--max-files", "3", "--startup-chunks", "50", "--startup-runs", "1",
-                      "--json")
+    proc = run_script("perf.py", "--only", "dense", "--dense-sizes", "500", "--dense-queries", "5",
+                      "--pure-queries", "2", "--json")
     assert proc.returncode == 0, proc.stderr
     (report,) = last_json(proc.stdout)
     sides = {s["side"]: s for s in report["dense"]["sizes"]["500"]}
@@ -207,9 +206,20 @@ def test_perf_dense_and_startup_tiny(tmp_path):
     for side in sides.values():
         assert side["recall@10"] is None or 0.0 <= side["recall@10"] <= 1.0
     assert any("pure" in name for name in sides)
-    startup = report["startup"]
-    assert startup["chunks"] == 50
-    assert set(startup["ms"]) >= {"python ragproxy.py search", "python -m ragproxy search (cached bytecode)"}
+
+
+def test_startup_times_every_form_and_temperature_beside_a_bare_python(tmp_path):
+    proc = run_script("startup.py", "--chunks", "300", "--rounds", "1", "--kb-dir", str(tmp_path / "kb"),
+                      "--json")
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    forms = ["python ragproxy.py, warm", "python ragproxy.py, cold", "python ragproxy.pyz, warm",
+             "python ragproxy.pyz, cold"]
+    assert set(report["ms"]) == {"python -c pass"} | {f"{command}: {form}" for command in ("--version", "search",
+                                                                                           "serve") for form in forms}
+    assert all(ms > 0 for ms in report["ms"].values()) and report["x_bare"]["python -c pass"] == 1.0
+    assert len(report["verdicts"]) == 4 and "search: python ragproxy.pyz, warm" in report["ms"]
+    assert (tmp_path / "kb" / "data" / "built-for").read_text() == "300"   # --kb-dir keeps the KB for next time
 
 
 # -- proxy_overhead.py --------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Text analysis and BM25: the analyzer, the stemmer, the index and its files."""
 import array
+import json
 import math
 import os
 import random
@@ -9,6 +10,7 @@ import pytest
 
 import ragproxy
 from _ragproxy import deps, npy
+from _ragproxy.text import TermTable
 from ragproxy import Analyzer, BM25Index, stem_english
 
 try:
@@ -336,11 +338,76 @@ def test_save_and_load_give_the_same_results(tmp_path):
     index.save(str(tmp_path / "kb"))
     assert sorted(os.listdir(tmp_path / "kb")) == [
         "bm25.json", "bm25_doc_ids.npy", "bm25_indptr.npy", "bm25_max_weights.npy",
-        "bm25_weights.npy"]
+        "bm25_term_ids.npy", "bm25_term_offsets.npy", "bm25_terms.bin", "bm25_weights.npy"]
     loaded = BM25Index.load(str(tmp_path / "kb"))
     assert (loaded.k1, loaded.b, len(loaded)) == (1.5, 0.6, len(docs))
     for query in queries[:40]:
         assert loaded.search(query, 10) == index.search(query, 10)
+    assert dict(loaded.vocab.items()) == dict(index.vocab)
+
+
+def test_a_loaded_index_parses_nothing_and_copies_nothing(tmp_path):
+    docs, queries = random_corpus(5)
+    BM25Index.build(docs).save(str(tmp_path))
+    loaded = BM25Index.load(str(tmp_path))
+    assert isinstance(loaded.vocab, TermTable) and loaded.vocab._all is None
+    for name in ("indptr", "doc_ids", "weights", "max_weights"):   # views of the memory-mapped files
+        assert isinstance(getattr(loaded, name), memoryview), name
+    for query in queries[:40]:
+        loaded.search(query, 10)
+    assert loaded.vocab._all is None   # queries looked terms up without decoding the table
+
+
+def test_the_term_table_answers_like_the_dict_it_was_written_from(tmp_path):
+    vocab = {"retry": 0, "r\u00e9sum\u00e9": 1, "\u6570\u636e": 2, "a": 3, "ab": 4, "b": 5, "": 6,
+             "lone\udcff": 7, "tab\tand\nnewline": 8}
+    TermTable.write(str(tmp_path), vocab)
+    table = TermTable(str(tmp_path))
+    assert len(table) == len(vocab)
+    for term, tid in vocab.items():
+        assert table.get(term) == tid and table[term] == tid and term in table
+    for missing in ("aa", "retries", "\u6570", "zzz", "0"):
+        assert table.get(missing) is None and missing not in table
+        with pytest.raises(KeyError):
+            table[missing]
+    assert dict(table.items()) == vocab and sorted(table) == sorted(vocab)
+    (tmp_path / "empty").mkdir()
+    TermTable.write(str(tmp_path / "empty"), {})
+    empty = TermTable(str(tmp_path / "empty"))
+    assert len(empty) == 0 and empty.get("a") is None and dict(empty.items()) == {}
+
+
+def test_an_index_of_format_1_still_loads(tmp_path):
+    # Before the term table, bm25.json held the vocabulary as a list in id order.
+    docs, queries = random_corpus(6)
+    index = BM25Index.build(docs)
+    index.save(str(tmp_path))
+    meta = json.loads((tmp_path / "bm25.json").read_text())
+    terms = [""] * len(index.vocab)
+    for term, tid in index.vocab.items():
+        terms[tid] = term
+    meta.update(format=1, terms=terms)
+    del meta["n_terms"]
+    (tmp_path / "bm25.json").write_text(json.dumps(meta))
+    for name in TermTable.FILES:
+        os.unlink(str(tmp_path / name))
+    old = BM25Index.load(str(tmp_path))
+    for query in queries[:40]:
+        assert old.search(query, 10) == index.search(query, 10)
+
+
+@needs_numpy
+def test_a_loaded_index_scores_with_numpy_only_where_it_pays(tmp_path, monkeypatch):
+    docs, queries = random_corpus(7)
+    BM25Index.build(docs).save(str(tmp_path))
+    small = BM25Index.load(str(tmp_path))
+    monkeypatch.delitem(deps.__dict__, "np")   # numpy not imported yet, as in a fresh process
+    want = [small.search(query, 10) for query in queries[:20]]
+    assert small._np_views is None   # these few postings were summed without importing numpy
+    big = BM25Index.load(str(tmp_path))
+    big.NUMPY_MIN_POSTINGS = 1   # enough postings to pay for the import: numpy is probed and used
+    assert [big.search(query, 10) for query in queries[:20]] == want
+    assert big._np_views is not None and deps.probed("np") is numpy
 
 
 @needs_numpy
@@ -351,11 +418,10 @@ def test_index_saved_without_numpy_loads_with_it_and_back(tmp_path, monkeypatch)
         slow = BM25Index.build(docs)
         slow.save(str(tmp_path / "pure"))
     fast = BM25Index.load(str(tmp_path / "pure"))
-    assert isinstance(fast.weights, numpy.ndarray)
+    fast.NUMPY_MIN_POSTINGS = 0   # score with numpy whatever the query
     fast.save(str(tmp_path / "np"))
     monkeypatch.setattr(deps, "np", None)
     back = BM25Index.load(str(tmp_path / "np"))
-    assert isinstance(back.weights, array.array)
     for query in queries[:40]:
         want = slow.search(query, 10)
         assert [d for d, _ in fast.search(query, 10)] == [d for d, _ in want]

@@ -397,7 +397,7 @@ def tls_library(request, monkeypatch):
     if request.param == "urllib3" and deps.urllib3 is None:
         pytest.skip("urllib3 disabled (RAGPROXY_PURE=1 or not installed)")
     if request.param == "http.client":
-        monkeypatch.setattr(deps, "urllib3", None)  # read when the app makes its pool
+        monkeypatch.setattr(deps, "urllib3", None)  # read when the pool makes its first https connection
     return request.param
 
 
