@@ -13,10 +13,10 @@ test that sets ``deps.np = None`` switches every module at once.  A probe
 runs on the first read of its attribute, not at import: a command that never
 touches numpy never pays for importing it.
 
-``FEATURES`` (what is active, for ``/health`` and the panel) probes every
-dependency on first read.  ``installed()`` says what a probe would find
-without importing anything, for ``--version``: importing numpy alone takes
-longer than starting Python.
+``installed()`` says what a probe would find without importing anything,
+for ``--version``, and ``FEATURES`` (for ``/health`` and the panel) is that
+with what the probes that have run found instead: importing numpy alone takes
+longer than starting Python, and a health check must not pay for it.
 
 May import: nothing (the standard library only).
 """
@@ -74,10 +74,21 @@ def _probe(module_name, pure_switch):
 
 
 def _features():
-    this = sys.modules[__name__]
-    features = {name: getattr(getattr(this, attr), "__version__", None) for name, (attr, _) in _FEATURE_NAMES.items()}
+    """``{feature: version or None, "pure": bool}``: a probe's answer where it has run, else what it would find."""
+    global _found
+    if _found is None:
+        _found = installed()
+    features = {}
+    for feature, (attr, _) in _FEATURE_NAMES.items():
+        if attr in globals():   # probed: the version of what was imported, None if it failed or is off
+            features[feature] = getattr(globals()[attr], "__version__", None)
+        else:
+            features[feature] = _found.get(feature, (None, ""))[0]
     features["pure"] = pure_mode()
     return features
+
+
+_found = None   # installed(), once: what is on sys.path does not change while we run
 
 
 def installed():
@@ -153,10 +164,10 @@ def probed(name):
 
 def __getattr__(name):
     """Probe an optional dependency on first read; the answer then stays (PEP 562)."""
+    if name == "FEATURES":
+        return _features()   # not kept: it follows the probes as they run
     if name in _OPTIONAL:
         value = _probe(*_OPTIONAL[name])
-    elif name == "FEATURES":
-        value = _features()
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value

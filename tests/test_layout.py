@@ -11,6 +11,7 @@
 - a command loads only the modules it uses.
 """
 import ast
+import json
 import os
 import re
 import shutil
@@ -119,6 +120,26 @@ def test_importing_every_module_imports_no_optional_package():
     out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, universal_newlines=True,
                          env=env, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_health_check_imports_no_optional_package():
+    # /health reports FEATURES: what the probes would find, or found where they ran.
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import ragproxy\n"
+            "app = ragproxy.App(ragproxy.Config.from_text('api_key_auth: false'))\n"
+            "before = set(sys.modules)\n"
+            "body = app.handle(ragproxy.Request('GET', '/health')).body\n"
+            "print(sorted(m for m in %r if m in set(sys.modules) - before), body.decode())" % (ROOT, OPTIONAL))
+    env = {k: v for k, v in os.environ.items() if k != "RAGPROXY_PURE"}
+    out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, universal_newlines=True,
+                         env=env, check=True).stdout
+    imported, body = out.split(" ", 1)
+    assert imported == "[]"
+    features = json.loads(body)["features"]
+    numpy_installed = subprocess.run([sys.executable, "-c", "import numpy; print(numpy.__version__)"],
+                                     stdout=subprocess.PIPE, universal_newlines=True)
+    if numpy_installed.returncode == 0:
+        assert features["numpy"] == numpy_installed.stdout.strip()
 
 
 @pytest.mark.parametrize("module", MODULES)
