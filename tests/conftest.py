@@ -8,6 +8,7 @@ import math
 import os
 import random
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -66,6 +67,15 @@ def _pyz_cache(tmp_path_factory):
         del os.environ["XDG_CACHE_HOME"]
     else:
         os.environ["XDG_CACHE_HOME"] = saved
+
+
+@pytest.fixture(scope="session")
+def pyz(tmp_path_factory):
+    """dist/ragproxy.pyz as tools/build_pyz.py builds it, into a temporary directory, once per run."""
+    out = tmp_path_factory.mktemp("dist") / "ragproxy.pyz"
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "build_pyz.py"), "--out", str(out)],
+                   check=True, stdout=subprocess.PIPE)
+    return str(out)
 
 
 @pytest.fixture

@@ -23,14 +23,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "ragproxy.py")
 
 
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist") / "ragproxy.pyz"
-    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "build_pyz.py"), "--out", str(out)],
-                   check=True, stdout=subprocess.PIPE)
-    return str(out)
-
-
 def _env(pure):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGPROXY_")}
     if pure:
@@ -185,6 +177,19 @@ def test_version_names_accelerators(pyz):
     pure = subprocess.run([sys.executable, pyz, "--version"], stdout=subprocess.PIPE, env=_env(True),
                           universal_newlines=True).stdout
     assert "pure mode" in pure
+
+
+def test_python_dash_m_ragproxy_runs_the_same_command_line(tmp_path):
+    # As the project we model documents it: python -m ragproxy, from beside ragproxy.py.
+    script = subprocess.run([sys.executable, SCRIPT, "--version"], stdout=subprocess.PIPE, env=_env(False),
+                            universal_newlines=True, check=True).stdout
+    module = subprocess.run([sys.executable, "-m", "ragproxy", "--version"], stdout=subprocess.PIPE, cwd=ROOT,
+                            env=_env(False), universal_newlines=True, check=True).stdout
+    assert module == script and module.startswith("ragproxy ")
+    search = subprocess.run([sys.executable, "-m", "ragproxy", "search", "docs", "anything", "--data-dir",
+                             str(tmp_path / "d")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            env=_env(False), universal_newlines=True, timeout=60)
+    assert (search.returncode, search.stdout) == (0, "no match\n"), search.stderr
 
 
 def test_invalid_config_refuses_to_start_and_says_where(tmp_path):

@@ -1,7 +1,7 @@
 """tools/pyz_main.py, the .pyz's __main__: extract once per build, compile once, run from the copy.
 
-Each test builds nothing itself: the module's archive comes from the real
-build tool, and is run as a user runs it, with the cache directory given by
+Each test builds nothing itself: the archive (conftest's ``pyz``) comes from
+the real build tool, and is run as a user runs it, with the cache directory given by
 RAGPROXY_CACHE_DIR, XDG_CACHE_HOME or HOME as the test needs.
 """
 import glob
@@ -15,14 +15,6 @@ import zipfile
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def pyz(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist") / "ragproxy.pyz"
-    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "build_pyz.py"), "--out", str(out)],
-                   check=True, stdout=subprocess.PIPE)
-    return str(out)
 
 
 def run(pyz, *args, python=sys.executable, **env_changes):
