@@ -1,11 +1,17 @@
-"""Knowledge bases: scanning, incremental indexing, search modes, failure handling."""
+"""Knowledge bases (_ragproxy.kb): scanning, incremental indexing, search modes, failure handling.
+
+In-process against folders under tmp_path, with the fake upstream (real
+sockets) as the embedding server where dense search is tested; one test
+SIGKILLs `ragproxy.py index` in a subprocess.  Fusion of the ranked lists is
+test_fusion's; .gitignore and glob rules are test_sources's.
+"""
 import os
 import threading
 
 import pytest
 
 import ragproxy
-from _ragproxy import docfolder, fusion
+from _ragproxy import docfolder
 from _ragproxy.kb import _kb_spec
 from fake_upstream import FakeUpstream
 
@@ -88,22 +94,6 @@ def test_touch_without_content_change_reuses_chunks(tmp_path, docs):
     os.utime(str(docs / "a.md"), ns=(5, 5 * 10**9))
     report = kb.index()
     assert report.changed == 0 and report.unchanged == 3
-
-
-def test_gitignore_include_exclude_and_skips(tmp_path, docs):
-    write(str(docs / ".gitignore"), "build/\n*.log\n!keep.log\n")
-    write(str(docs / "build" / "out.md"), "# built\n")
-    write(str(docs / "x.log"), "noise")
-    write(str(docs / "keep.log"), "kept log line")
-    write(str(docs / "node_modules" / "m.md"), "# dep\n")
-    with open(str(docs / "blob.bin"), "wb") as f:
-        f.write(b"\x00\x01\x02" * 100)
-    kb = make_kb(tmp_path, exclude=("*.py",))
-    sources = set(kb.scan())
-    assert sources == {"kb/a.md", "kb/b.md", "kb/keep.log", "kb/blob.bin"}
-    report = kb.index()
-    assert [s for s, _ in report.skipped] == ["kb/blob.bin"]
-    assert make_kb(tmp_path, name="kb", include=("*.py",)).scan().keys() == {"kb/src/pool.py"}
 
 
 def test_oversized_file_is_skipped_with_reason(tmp_path, docs):
@@ -196,29 +186,6 @@ def test_rate_limit_aborts_the_run(tmp_path, docs):
         with pytest.raises(ragproxy.EmbeddingRateLimited):
             kb.index()
         assert kb.current() == (None, None)  # nothing committed
-
-
-def test_rrf_fusion_is_weighted_reciprocal_rank():
-    fused = fusion.rrf([("lexical", [(1, 9.0), (2, 5.0)], 1.0), ("dense", [(2, 0.9), (3, 0.8)], 1.0)])
-    assert [row for row, _, _ in fused] == [2, 1, 3]
-    assert fused[0][1] == pytest.approx(1 / 62 + 1 / 61)
-    assert fused[0][2] == {"lexical": 5.0, "dense": 0.9, "rrf": fused[0][1]}
-
-
-def test_zscore_fusion_scales_each_list_by_its_own_distribution():
-    lexical = [(1, 12.0), (2, 8.0), (3, 4.0)]          # mean 8, sd 3.266
-    dense = [(3, 0.90), (4, 0.80), (2, 0.70)]          # mean 0.8, sd 0.0816
-    fused = fusion.zscore_fusion([("lexical", lexical, 1.0), ("dense", dense, 2.0)])
-    scale = lambda s, mean, sd: (s - (mean - 3 * sd)) / (6 * sd)  # noqa: E731
-    sd_l, sd_d = (32 / 3) ** 0.5, (0.02 / 3) ** 0.5
-    want = {1: scale(12, 8, sd_l), 2: scale(8, 8, sd_l) + 2 * scale(0.7, 0.8, sd_d),
-            3: scale(4, 8, sd_l) + 2 * scale(0.9, 0.8, sd_d), 4: 2 * scale(0.8, 0.8, sd_d)}
-    assert [row for row, _, _ in fused] == sorted(want, key=lambda r: -want[r])
-    for row, value, detail in fused:
-        assert value == pytest.approx(want[row]) and detail["fused"] == value
-    assert fused[0][0] == 3  # strong in dense (weight 2), weak in lexical
-    # A list with one score (sd 0) must not divide by zero.
-    assert fusion.zscore_fusion([("lexical", [(7, 3.0)], 1.0), ("dense", [], 1.0)])[0][0] == 7
 
 
 def test_hybrid_top_k_is_a_prefix_of_a_deeper_search(tmp_path, fake):

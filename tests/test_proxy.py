@@ -1,7 +1,8 @@
-"""The proxy core, driven by the official openai and anthropic SDKs.
+"""The proxy core (_ragproxy.proxy), driven by the official openai and anthropic SDKs.
 
 Every call goes client -> ragproxy -> fake upstream over real sockets; the fake
-records what reached it, so each test checks both ends.
+records what reached it, so each test checks both ends.  The body edits
+themselves (with_model, with_edits) are test_jsonbody's.
 """
 import json
 
@@ -9,7 +10,6 @@ import anthropic
 import openai
 import pytest
 
-from _ragproxy import jsonbody
 from _ragproxy.proxy import _FINAL_NDJSON_LINE, _FINAL_SSE_EVENT
 from conftest import API_KEY
 from fake_upstream import ANTHROPIC_OVERLOADED_BODY, OPENAI_RATE_LIMIT_BODY, embed_text
@@ -98,39 +98,6 @@ def test_model_rename_of_any_other_body_sends_the_payload_again(proxy, fake, bod
     sent = fake.last.body
     assert json.loads(sent) == {"model": "real-model-name", "messages": [{"role": "user", "content": "x"}]}
     assert sent.count(b'"model"') == 1
-
-
-def test_with_model_replaces_only_a_leading_model_of_the_parsed_value():
-    assert jsonbody.with_model(b'{"model":"a\\u0062","x":1}', "ab", 'n"\u00e9') == \
-        b'{"model":"n\\"\xc3\xa9","x":1}'
-    assert jsonbody.with_model(b'{"model":"a","model":"b"}', "b", "c") is None
-    assert jsonbody.with_model(b'{"x":{"model":"a"},"model":"a"}', "a", "c") is None
-    assert jsonbody.with_model(b'{"model" "a"}', "a", "c") is None
-
-
-def test_with_edits_re_encodes_only_the_paths_named():
-    body = b' { "model" : "a", "messages" : [ {"n": 1.50} , {"n": 2} ], "x": 1e400 } '
-    payload = jsonbody.json_object_of(body)
-    payload["messages"][1]["n"] = 3
-    assert jsonbody.with_edits(body, payload, [("messages", 1)]) == \
-        b' { "model" : "a", "messages" : [ {"n": 1.50} , {"n":3} ], "x": 1e400 } '
-    payload["model"], payload["system"], payload["tools"] = "b", "s\u00e9", []
-    assert jsonbody.with_edits(body, payload, [("system",), ("model",), ("messages", 1), ("tools",)]) == \
-        ' { "model" : "b", "messages" : [ {"n": 1.50} , {"n":3} ], "x": 1e400,"system":"s\u00e9","tools":[] } '.encode()
-    assert jsonbody.with_edits(b'{}', {"system": "s"}, [("system",)]) == b'{"system":"s"}'
-
-
-@pytest.mark.parametrize("body,payload,paths", [
-    (b'{"system":"a","system":"b"}', {"system": "c"}, [("system",)]),  # which "system" the parser kept is a guess
-    (b'{"messages":[1,2]}', {"messages": [0, 1, 2]}, [("messages", 0)]),  # the list changed length
-    (b'{"messages":[1,2]}', {"messages": [1, 3]}, [("messages", 2)]),  # no such entry
-    (b'{"messages":{"a":1}}', {"messages": {"a": 2}}, [("messages", 0)]),  # not a list
-    (b'{"messages":[1,2]}', {"messages": [1, 3]}, [("messages",), ("messages", 1)]),  # overlapping paths
-    (b'{"messages":[1]}', {"messages": [1], "new": [1]}, [("new", 0)]),  # an entry of a new member
-    (b'{"messages":[1]}', {}, [("messages",)]),  # a member the rewriter removed
-])
-def test_with_edits_declines_what_it_cannot_place(body, payload, paths):
-    assert jsonbody.with_edits(body, payload, paths) is None
 
 
 def test_glob_routes_and_catch_all(proxy, fake):

@@ -1,5 +1,9 @@
-"""Tests for the vector store (section 10) and the array files it is made of (section 5):
-.npy I/O, crash-safe generations, and dense search on stored generations."""
+"""The vector store (_ragproxy.store): crash-safe generations and dense search on them, in-process.
+
+Most tests run in both modes (the ``mode`` fixture: numpy, then pure);
+the crash test forks a writer and SIGKILLs it mid-commit.  The .npy files
+a generation is made of are test_npy's.
+"""
 import json
 import logging
 import os
@@ -36,102 +40,6 @@ def commit_state(store, n, tag, dim=4, extra=None):
         if extra is not None:
             w.write_file("extra.bin", extra)
     return chunks, rows
-
-
-# --- .npy files ----------------------------------------------------------------
-
-NPY_CASES = [
-    ("<f4", [[1.5, -2.25, 3.0e-7], [0.0, 1.0e20, -0.125]]),
-    ("<f2", [[1.5, -2.25, 0.0999755859375], [0.0, 65504.0, -0.125]]),
-    ("<i4", [[1, -2, 2**31 - 1], [-2**31, 0, 7]]),
-    ("<i8", [0, 5, 2**40, -3, 2**63 - 1]),
-    ("|i1", [[-128, 127, 0, 5]]),
-    ("<f4", []),
-]
-
-
-@pytest.mark.parametrize("dtype,values", NPY_CASES)
-def test_npy_written_without_numpy_loads_in_numpy_bit_exact(tmp_path, monkeypatch, dtype, values):
-    np = pytest.importorskip("numpy")
-    monkeypatch.setattr(deps, "np", None)
-    path = str(tmp_path / "a.npy")
-    npy.npy_write_array(path, values, dtype)
-    loaded = np.load(path)
-    expected = np.asarray(values, dtype=np.dtype(dtype))
-    assert loaded.dtype == expected.dtype and loaded.shape == expected.shape
-    assert loaded.tobytes() == expected.tobytes()
-    # Same header layout as numpy's own writer, so the files are identical.
-    np.save(str(tmp_path / "b.npy"), expected)
-    assert open(path, "rb").read() == open(str(tmp_path / "b.npy"), "rb").read()
-
-
-def test_npy_empty_2d_shape_round_trip(tmp_path, mode):
-    path = str(tmp_path / "e.npy")
-    npy.npy_write_array(path, [], "<f4", shape=(0, 384))
-    arr = npy.npy_read_array(path)
-    assert len(arr) == 0 and tuple(arr.shape) == (0, 384)
-
-
-@pytest.mark.parametrize("dtype,values", NPY_CASES)
-@pytest.mark.parametrize("use_mmap", [True, False])
-def test_npy_written_by_numpy_reads_without_numpy(tmp_path, monkeypatch, dtype, values, use_mmap):
-    np = pytest.importorskip("numpy")
-    expected = np.asarray(values, dtype=np.dtype(dtype))
-    path = str(tmp_path / "a.npy")
-    np.save(path, expected)
-    monkeypatch.setattr(deps, "np", None)
-    arr = npy.npy_read_array(path, mmap=use_mmap)
-    assert tuple(arr.shape) == expected.shape
-    assert arr.raw_bytes() == expected.tobytes()
-    assert arr.tolist() == expected.tolist()
-    if expected.ndim == 2 and len(expected):
-        assert list(arr.row(len(expected) - 1)) == expected[-1].tolist()
-    elif expected.ndim == 1 and len(expected):
-        assert arr[-1] == expected[-1]
-
-
-def test_npy_pure_writer_accepts_reader_arrays_and_flat_with_shape(tmp_path, mode):
-    src = str(tmp_path / "src.npy")
-    npy.npy_write_array(src, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "<f4", shape=(2, 3))
-    arr = npy.npy_read_array(src)
-    assert [list(map(float, r)) for r in arr] == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
-    copy = str(tmp_path / "copy.npy")
-    npy.npy_write_array(copy, arr, "<f4")
-    assert open(copy, "rb").read() == open(src, "rb").read()
-
-
-def test_npy_rejects_truncated_and_foreign_files(tmp_path, mode):
-    path = str(tmp_path / "t.npy")
-    npy.npy_write_array(path, [[1.0] * 8] * 4, "<f4")
-    data = open(path, "rb").read()
-    open(path, "wb").write(data[:-5])
-    with pytest.raises(ragproxy.StoreError):
-        npy.npy_read_array(path)
-    open(path, "wb").write(b"not an npy file at all")
-    with pytest.raises(ragproxy.StoreError, match="not a .npy file"):
-        npy.npy_read_array(path)
-
-
-def test_npy_dtype_aliases_and_inference(tmp_path, mode):
-    import array
-    path = str(tmp_path / "a.npy")
-    assert npy.npy_write_array(path, array.array("i", [3, -4, 5]), None) == (3,)
-    arr = npy.npy_read_array(path)
-    assert [int(x) for x in arr] == [3, -4, 5]
-    npy.npy_write_array(path, [0.5, 0.25], "f")
-    assert [float(x) for x in npy.npy_read_array(path)] == [0.5, 0.25]
-    assert sorted(os.listdir(str(tmp_path))) == ["a.npy"]  # no temp file left behind
-
-
-def test_npy_rejects_unknown_dtype(tmp_path, mode):
-    with pytest.raises(ValueError, match="unsupported dtype"):
-        npy.npy_write_array(str(tmp_path / "x.npy"), [1, 2], "<u2")
-
-
-def test_npy_shape_mismatch_is_an_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(deps, "np", None)
-    with pytest.raises(ValueError):
-        npy.npy_write_array(str(tmp_path / "x.npy"), [[1.0, 2.0], [3.0]], "<f4")
 
 
 # --- generations ----------------------------------------------------------------

@@ -1,14 +1,17 @@
-"""Text analysis and BM25: the analyzer, the stemmer, the index and its files."""
+"""Text analysis and BM25 (_ragproxy.text): the analyzer, the stemmer, the index and its files.
+
+In-process, on the numpy path and the pure-Python path (the ``pure``
+fixture), which must rank alike; the .npy format the index files use is
+test_npy's.
+"""
 import array
 import json
 import math
 import os
 import random
-import struct
 
 import pytest
 
-import ragproxy
 from _ragproxy import deps, npy
 from _ragproxy.text import TermTable
 from ragproxy import Analyzer, BM25Index, stem_english
@@ -436,56 +439,3 @@ def test_load_rejects_mismatched_files(tmp_path):
     (tmp_path / "bm25.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a BM25 index"):
         BM25Index.load(str(tmp_path))
-
-
-def test_npy_round_trip_without_numpy(tmp_path, pure):
-    path = str(tmp_path / "a.npy")
-    npy.npy_write_array(path, [1, -2, 3, 2 ** 31 - 1], "<i4")
-    data, shape = npy.npy_read_flat(path)
-    assert (data.typecode, shape, list(data)) == ("i", (4,), [1, -2, 3, 2 ** 31 - 1])
-    assert list(npy.npy_read_array(path)) == list(data)
-    npy.npy_write_array(path, array.array("f", [0.5, 1.5, -2.0, 8.0, 0.0, 1.0]),
-                              shape=(2, 3), fsync=False)
-    data, shape = npy.npy_read_flat(path)
-    assert (data.typecode, shape, list(data)) == ("f", (2, 3), [0.5, 1.5, -2.0, 8.0, 0.0, 1.0])
-    with open(path, "rb") as f:
-        head = f.read(10)
-    # Format 1.0, and the data starts on a 64-byte boundary as numpy writes it.
-    assert head[:8] == b"\x93NUMPY\x01\x00"
-    assert (10 + struct.unpack("<H", head[8:10])[0]) % 64 == 0
-    with pytest.raises(ValueError):
-        npy.npy_write_array(path, [1.5], "<f8")
-    with pytest.raises(ValueError):
-        npy.npy_write_array(path, [1, 2, 3], "i", shape=(2, 2))
-
-
-@needs_numpy
-def test_npy_files_interoperate_with_numpy(tmp_path, monkeypatch):
-    ours = str(tmp_path / "ours.npy")
-    with monkeypatch.context() as m:
-        m.setattr(deps, "np", None)
-        npy.npy_write_array(ours, array.array("f", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
-                                  shape=(3, 2))
-    loaded = numpy.load(ours)
-    assert loaded.dtype == numpy.float32 and loaded.tolist() == [[1, 2], [3, 4], [5, 6]]
-    assert npy.npy_read_array(ours).tolist() == [[1, 2], [3, 4], [5, 6]]
-
-    theirs = str(tmp_path / "theirs.npy")
-    numpy.save(theirs, numpy.arange(12, dtype="<i4").reshape(3, 4))
-    data, shape = npy.npy_read_flat(theirs)
-    assert (shape, list(data)) == ((3, 4), list(range(12)))
-    data = npy.npy_read_array(theirs)
-    assert isinstance(data, numpy.memmap) and data.tolist()[2] == [8, 9, 10, 11]
-
-
-def test_npy_read_rejects_other_files(tmp_path):
-    path = tmp_path / "x.npy"
-    path.write_bytes(b"not an array")
-    with pytest.raises(ragproxy.StoreError):
-        npy.npy_read_flat(str(path))
-    with pytest.raises(ragproxy.StoreError):
-        npy.npy_read_array(str(path))
-    npy.npy_write_array(str(path), [1, 2, 3], "<i4")
-    path.write_bytes(path.read_bytes()[:-4])
-    with pytest.raises(ragproxy.StoreError, match="truncated"):
-        npy.npy_read_flat(str(path))

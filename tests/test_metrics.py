@@ -1,0 +1,158 @@
+"""The Prometheus metrics registry (_ragproxy.metrics): counters, gauges, histograms and collectors, in-process.
+
+Observations are the request log's entry dicts (test_reqlog's entry());
+the rendered text is checked both as strings and through prometheus_client's
+own parser.  The /metrics endpoint of a running proxy is test_reqlog's
+(wired into the proxy).
+"""
+import math
+import threading
+
+import pytest
+from test_reqlog import entry
+
+from _ragproxy.metrics import Metrics
+
+TRICKY = 'we"ird\\model\nname'
+
+
+def observe_sample_requests(metrics):
+    metrics.observe_request(entry(model="gpt-4o", outcome="retrieved", status=200, retrieval_ms=30.0,
+                                  context_tokens=300, upstream="oa", upstream_ms=800.0,
+                                  retrieval_stages={"lexical": 0.004, "embed": 0.02}))
+    metrics.observe_request(entry(model="gpt-4o", outcome="retrieved", status=200, retrieval_ms=3.0,
+                                  context_tokens=1500, upstream="oa", upstream_ms=2000.0, retrieval_stages=None))
+    metrics.observe_request(entry(model=TRICKY, outcome="skipped", status=502, retrieval_ms=None,
+                                  context_tokens=None, upstream="an", upstream_ms=100.0))
+
+
+def test_render_text_escapes_label_values():
+    m = Metrics()
+    observe_sample_requests(m)
+    text = m.render()
+    assert text.endswith("\n")
+    assert '# TYPE ragproxy_requests_total counter' in text
+    assert 'ragproxy_requests_total{model="we\\"ird\\\\model\\nname",outcome="skipped",status="502"} 1\n' in text
+    assert 'ragproxy_requests_total{model="gpt-4o",outcome="retrieved",status="200"} 2\n' in text
+    assert 'ragproxy_context_tokens_bucket{le="+Inf"} 2\n' in text
+
+
+def test_render_parses_with_prometheus_client_and_matches_observations():
+    from prometheus_client import parser  # requirements-test.txt: never skipped
+    m = Metrics()
+    observe_sample_requests(m)
+    m.observe_index("docs", indexed=5, skipped=2, deferred=1, errors=3)
+    families = {f.name: f for f in parser.text_string_to_metric_families(m.render())}
+
+    requests = {(s.labels["model"], s.labels["outcome"], s.labels["status"]): s.value
+                for s in families["ragproxy_requests"].samples}
+    assert families["ragproxy_requests"].type == "counter"
+    assert requests == {("gpt-4o", "retrieved", "200"): 2.0, (TRICKY, "skipped", "502"): 1.0}
+
+    retrieval = families["ragproxy_retrieval_seconds"]
+    assert retrieval.type == "histogram"
+    by_stage = {}
+    for s in retrieval.samples:
+        by_stage.setdefault(s.labels["stage"], {})[(s.name, s.labels.get("le"))] = s.value
+    assert set(by_stage) == {"lexical", "embed", "total"}
+    total = by_stage["total"]          # from retrieval_ms: 0.030 and 0.003 seconds
+    assert total[("ragproxy_retrieval_seconds_count", None)] == 2
+    assert total[("ragproxy_retrieval_seconds_sum", None)] == pytest.approx(0.033)
+    buckets = sorted(((float(le), v) for (name, le), v in total.items() if name.endswith("_bucket")))
+    assert buckets[-1] == (math.inf, 2)
+    assert [v for _, v in buckets] == sorted(v for _, v in buckets)     # cumulative
+    assert {le: v for le, v in buckets if le in (0.001, 0.0025, 0.005, 0.025, 0.05)} == {
+        0.001: 0, 0.0025: 0, 0.005: 1, 0.025: 1, 0.05: 2}
+    assert by_stage["lexical"][("ragproxy_retrieval_seconds_bucket", "0.005")] == 1
+    assert by_stage["lexical"][("ragproxy_retrieval_seconds_bucket", "0.0025")] == 0
+
+    tokens = {(s.name, s.labels.get("le")): s.value for s in families["ragproxy_context_tokens"].samples}
+    assert tokens[("ragproxy_context_tokens_count", None)] == 2          # the skipped request is not counted
+    assert tokens[("ragproxy_context_tokens_sum", None)] == 1800
+    assert tokens[("ragproxy_context_tokens_bucket", "250")] == 0
+    assert tokens[("ragproxy_context_tokens_bucket", "500")] == 1
+    assert tokens[("ragproxy_context_tokens_bucket", "2000")] == 2
+
+    upstream = {(s.name, s.labels["provider"], s.labels.get("le")): s.value
+                for s in families["ragproxy_upstream_seconds"].samples}
+    assert upstream[("ragproxy_upstream_seconds_count", "oa", None)] == 2
+    assert upstream[("ragproxy_upstream_seconds_sum", "oa", None)] == pytest.approx(2.8)
+    assert upstream[("ragproxy_upstream_seconds_bucket", "oa", "1")] == 1
+    assert upstream[("ragproxy_upstream_seconds_bucket", "an", "0.1")] == 1
+
+    files = {(s.labels["kb"], s.labels["result"]): s.value for s in families["ragproxy_index_files"].samples}
+    assert files == {("docs", "indexed"): 5, ("docs", "skipped"): 2, ("docs", "deferred"): 1}
+    assert [(s.labels, s.value) for s in families["ragproxy_index_errors"].samples] == [({"kb": "docs"}, 3)]
+
+
+def test_collectors_set_gauges_at_render_time_and_a_broken_one_is_ignored():
+    m = Metrics()
+    chunks = {"docs": 10}
+    m.add_collector(lambda: [("ragproxy_kb_chunks", {"kb": kb}, n) for kb, n in chunks.items()]
+                    + [("ragproxy_indexing_progress", {"kb": "docs"}, 0.25)])
+    m.add_collector(lambda: 1 / 0)
+    m.add_collector(lambda: [("ragproxy_no_such_metric", {}, 1)])
+    assert 'ragproxy_kb_chunks{kb="docs"} 10\n' in m.render()
+    chunks["docs"] = 12
+    chunks['a"b'] = 3
+    text = m.render()
+    assert 'ragproxy_kb_chunks{kb="docs"} 12\n' in text
+    assert 'ragproxy_kb_chunks{kb="a\\"b"} 3\n' in text
+    assert 'ragproxy_indexing_progress{kb="docs"} 0.25\n' in text
+    from prometheus_client import parser  # requirements-test.txt: never skipped
+    gauges = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    assert {s.labels["kb"]: s.value for s in gauges["ragproxy_kb_chunks"].samples} == {"docs": 12, 'a"b': 3}
+
+
+def test_metric_labels_are_checked():
+    m = Metrics()
+    with pytest.raises(ValueError, match="takes labels"):
+        m["ragproxy_requests_total"].inc(model="x")
+    with pytest.raises(ValueError, match="only go up"):
+        m["ragproxy_index_errors_total"].inc(-1, kb="docs")
+    with pytest.raises(ValueError, match="reserved"):
+        m.histogram("my_seconds", "help", ("le",))
+    with pytest.raises(ValueError, match="already registered"):
+        m.counter("ragproxy_requests_total", "other", ("model",))
+    assert m.counter("ragproxy_requests_total", "same", ("model", "outcome", "status")) \
+        is m["ragproxy_requests_total"]
+
+
+def test_custom_registry_renders_unlabelled_families_and_help_escapes():
+    m = Metrics(predefined=False)
+    c = m.counter("jobs_total", "Jobs done.\nSecond line \\ backslash.")
+    h = m.histogram("wait_seconds", "Wait.", buckets=(1, 0.5))
+    c.inc(2)
+    h.observe(0.5)
+    h.observe(3)
+    assert m.render() == (
+        "# HELP jobs_total Jobs done.\\nSecond line \\\\ backslash.\n"
+        "# TYPE jobs_total counter\n"
+        "jobs_total 2\n"
+        "# HELP wait_seconds Wait.\n"
+        "# TYPE wait_seconds histogram\n"
+        'wait_seconds_bucket{le="0.5"} 1\n'
+        'wait_seconds_bucket{le="1"} 1\n'
+        'wait_seconds_bucket{le="+Inf"} 2\n'
+        "wait_seconds_sum 3.5\n"
+        "wait_seconds_count 2\n")
+
+
+def test_metrics_are_thread_safe():
+    m = Metrics()
+    errors = m["ragproxy_index_errors_total"]
+    hist = m["ragproxy_upstream_seconds"]
+
+    def work():
+        for _ in range(2000):
+            errors.inc(kb="docs")
+            hist.observe(0.3, provider="oa")
+
+    pool = [threading.Thread(target=work) for _ in range(8)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert errors.value(kb="docs") == 16000
+    cumulative, total, count = hist.snapshot(provider="oa")
+    assert count == 16000 and cumulative[-1] == 16000 and total == pytest.approx(0.3 * 16000)
