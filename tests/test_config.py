@@ -1,4 +1,5 @@
 """Configuration: schema validation with line numbers, env substitution, defaults, reload."""
+import inspect
 import os
 
 import pytest
@@ -34,6 +35,20 @@ def test_defaults_fill_missing_sections():
     config = ragproxy.Config.from_text(MINIMAL, environ={})
     assert config.rag["top_k"] == 5 and config.raw["security"]["log_query"] is False
     assert config.server["max_body_bytes"] == 32 * 1024 * 1024
+
+
+def test_schema_defaults_are_the_ones_the_code_uses_without_a_config():
+    config = ragproxy.Config.from_text(MINIMAL + "knowledge_bases:\n  x: {}\n", environ={})
+    raw, spec = config.knowledge_bases["x"], ragproxy.KBSpec(name="x")
+    assert (spec.chunk_size, spec.chunk_overlap) == (raw["chunking"]["chunk_size"], raw["chunking"]["chunk_overlap"])
+    assert (spec.k1, spec.b) == (raw["bm25"]["k1"], raw["bm25"]["b"])
+    assert spec.max_file_bytes == raw["max_file_bytes"]
+    chunk_document = inspect.signature(ragproxy.chunk_document).parameters
+    assert (chunk_document["strategy"].default, chunk_document["chunk_size"].default) == \
+        (raw["chunking"]["strategy"], raw["chunking"]["chunk_size"])
+    uploads = config.raw["uploads"]
+    assert set(uploads) == {"max_file_bytes", "max_files", "max_total_bytes", "max_ratio"}
+    assert ragproxy.UploadLimits(**uploads) == ragproxy.UploadLimits()
 
 
 def test_unknown_key_names_path_line_and_suggestion():

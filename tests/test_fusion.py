@@ -30,3 +30,22 @@ def test_zscore_fusion_scales_each_list_by_its_own_distribution():
     # A list with one score (sd 0) must not divide by zero.
     assert fusion.zscore_fusion([("lexical", [(7, 3.0)], 1.0), ("dense", [], 1.0)])[0][0] == 7
 
+
+def test_reciprocal_ranks_sums_weight_over_k_plus_rank_in_first_seen_order():
+    fused = fusion.reciprocal_ranks([(["a", "b", "c"], 1.0), (["c", "d"], 2.0)])
+    assert list(fused) == ["a", "b", "c", "d"]           # the order keys were first seen, not by value
+    assert fused["a"] == pytest.approx(1 / 61)           # ranks count from 1, k = 60
+    assert fused["b"] == pytest.approx(1 / 62)
+    assert fused["c"] == pytest.approx(1 / 63 + 2 / 61)  # summed over the lists, each weighted
+    assert fused["d"] == pytest.approx(2 / 62)
+    assert fusion.reciprocal_ranks([([], 1.0)]) == {}
+
+
+def test_rrf_ties_go_to_the_lower_row():
+    # Rows 9 and 4 each hold rank 1 in one list and rank 2 in the other: equal fused values.
+    fused = fusion.rrf([("lexical", [(9, 5.0), (4, 3.0)], 1.0), ("dense", [(4, 0.9), (9, 0.1)], 1.0)])
+    assert fused[0][1] == fused[1][1] == pytest.approx(1 / 61 + 1 / 62)
+    assert [row for row, _, _ in fused] == [4, 9]
+    # A row seen only in the second list ties with one seen only in the first.
+    fused = fusion.rrf([("lexical", [(7, 1.0)], 1.0), ("dense", [(3, 1.0)], 1.0)])
+    assert [row for row, _, _ in fused] == [3, 7]

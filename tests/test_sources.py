@@ -1,10 +1,13 @@
 """Which files of a knowledge base's sources are indexed (_ragproxy.sources): .gitignore rules and globs.
 
-In-process, on real folders under tmp_path, through KnowledgeBase.scan()
-as the indexer walks them (test_kb's helpers).
+In-process, on real folders under tmp_path: through KnowledgeBase.scan()
+as the indexer walks them (test_kb's helpers), and GitIgnore and glob_match
+on their own.
 """
 import test_kb
 from test_kb import make_kb, write
+
+from _ragproxy.sources import GitIgnore, glob_match
 
 docs = test_kb.docs   # the fixture: a KB's documents folder with a.md, b.md, src/pool.py
 
@@ -24,3 +27,30 @@ def test_gitignore_include_exclude_and_skips(tmp_path, docs):
     assert [s for s, _ in report.skipped] == ["kb/blob.bin"]
     assert make_kb(tmp_path, name="kb", include=("*.py",)).scan().keys() == {"kb/src/pool.py"}
 
+
+def test_glob_match_names_paths_and_double_star():
+    assert glob_match("docs/a.md", ["*.md"])             # no "/" in the pattern: the file name counts
+    assert not glob_match("docs/a.md", ["docs/*.txt"])
+    assert not glob_match("x/docs/a.md", ["docs/*.md"])  # with a "/": the whole relative path
+    assert glob_match("a/b/c.py", ["a/**/*.py"])
+    assert glob_match("a/c.py", ["a/**/*.py"])           # "**/" spans zero folders too
+    assert glob_match("a/c.py", ["*.txt", "*.py"])       # any of the patterns
+    assert not glob_match("a/c.py", [])
+
+
+def test_gitignore_anchors_negates_dir_only_and_inherits(tmp_path):
+    write(str(tmp_path / ".gitignore"), "# comment\n/top.txt\n*.log\n!keep.log\nbuild/\n")
+    write(str(tmp_path / "sub" / ".gitignore"), "local.md\n")
+    root = GitIgnore().child(str(tmp_path), "")
+    sub = root.child(str(tmp_path / "sub"), "sub")
+    assert root.ignored("top.txt", False) and not root.ignored("sub/top.txt", False)  # "/" anchors
+    assert root.ignored("x.log", False) and root.ignored("sub/x.log", False)         # unanchored: any depth
+    assert not root.ignored("keep.log", False)                                        # "!" re-includes
+    assert root.ignored("build", True) and not root.ignored("build", False)          # "build/": folders only
+    assert root.ignored("sub/build/out.md", False)                                   # ...and what is below one
+    assert not root.ignored("# comment", False)
+    # A folder's own .gitignore adds rules for what is below it; its parent's still hold.
+    assert sub.ignored("sub/local.md", False) and not sub.ignored("local.md", False)
+    assert not root.ignored("sub/local.md", False)
+    assert sub.ignored("sub/x.log", False) and not sub.ignored("sub/keep.log", False)
+    assert GitIgnore().child(str(tmp_path / "sub" / "none"), "sub/none").rules == []  # no file: no rules

@@ -1,0 +1,130 @@
+"""HTTP/1.1 framing (_ragproxy.http1): heads, header lines, chunk sizes, Content-Length and chunked bodies.
+
+In-process over buffered readers of bytes (one that hands out a byte per
+read stands in for a slow peer); test_server and test_upstream drive the
+same code over real sockets.
+"""
+import io
+
+import pytest
+
+from _ragproxy import http1
+
+
+class Trickle(io.RawIOBase):
+    """A raw stream that gives one byte per read, as a peer sending byte by byte."""
+
+    def __init__(self, data):
+        self.data, self.pos = data, 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        if self.pos >= len(self.data) or not len(buffer):
+            return 0
+        buffer[0] = self.data[self.pos]
+        self.pos += 1
+        return 1
+
+
+def reader(data, trickle=False):
+    return io.BufferedReader(Trickle(data) if trickle else io.BytesIO(data))
+
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-A: 1\r\n\r\nbody"
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["buffered", "trickled"])
+def test_read_head_lines_alike_however_the_head_arrives(trickle):
+    rfile = reader(HEAD, trickle)
+    assert http1.read_head_lines(rfile, 10) == ["HTTP/1.1 200 OK", "Content-Type: text/plain", "X-A: 1"]
+    assert rfile.read() == b"body"     # the blank line consumed, nothing past it
+
+
+def test_buffered_head_lines_takes_only_a_whole_crlf_head():
+    assert http1.buffered_head_lines(reader(HEAD)) == ["HTTP/1.1 200 OK", "Content-Type: text/plain", "X-A: 1"]
+    cut = reader(b"HTTP/1.1 200 OK\r\nX-A: 1\r\n")
+    assert http1.buffered_head_lines(cut) is None and cut.read() == b"HTTP/1.1 200 OK\r\nX-A: 1\r\n"
+    bare_lf = reader(b"HTTP/1.1 200 OK\nX-A: 1\r\n\r\n")
+    assert http1.buffered_head_lines(bare_lf) is None               # left to the line-by-line loop...
+    assert http1.read_head_lines(bare_lf, 10) == ["HTTP/1.1 200 OK", "X-A: 1"]  # ...which takes it
+
+
+def test_read_head_lines_limits_and_a_cut_off_head():
+    with pytest.raises(http1.HeadTooLarge, match="Too many headers"):
+        http1.read_head_lines(reader(b"".join(b"X-%d: 1\r\n" % i for i in range(5)) + b"\r\n"), 4)
+    with pytest.raises(http1.HeadTooLarge, match="Line too long"):
+        http1.read_head_lines(reader(b"X: " + b"a" * 100 + b"\n\n"), 10, max_line=50)
+    assert http1.read_head_lines(reader(b"GET / HTTP/1.0\r\n"), 10) == ["GET / HTTP/1.0"]   # EOF ends it
+    with pytest.raises(ValueError, match="cut short"):
+        http1.read_head_lines(reader(b"HTTP/1.1 200 OK\r\n"), 10, eof_ends=False)
+
+
+def test_parse_header_lines():
+    headers = http1.parse_header_lines(["Content-Type: text/plain", "Via: a", "VIA:b ", "X-Long: one",
+                                        "  two"])
+    assert headers == {"content-type": "text/plain", "via": "a, b", "x-long": "one two"}
+    for bad in (["no colon here"], [" X-Folded: first"], ["X-A : 1"], [": empty name"]):
+        with pytest.raises(ValueError, match="Malformed header line"):
+            http1.parse_header_lines(bad)
+
+
+def test_parse_chunk_size_takes_hex_digits_only():
+    assert http1.parse_chunk_size(b"1a\r\n") == 26
+    assert http1.parse_chunk_size(b"00000003;name=value\r\n") == 3
+    assert http1.parse_chunk_size(b"0\r\n") == 0
+    for bad in (b"-5\r\n", b"+5\r\n", b"0x5\r\n", b"1_0\r\n", b"\r\n", b"1" * 17 + b"\r\n", b"zz\r\n"):
+        with pytest.raises(ValueError, match="malformed chunk size"):
+            http1.parse_chunk_size(bad)
+
+
+CHUNKED = (b"7;name=value\r\ndata: 0\r\n" + b"9\r\ndata: 1\n\n\r\n" + b"00000003\r\nabc\r\n"
+           + b"0\r\nX-Trailer: t\r\n\r\n")
+
+
+def read_all(body):
+    out = []
+    while not body.complete:
+        out.append(body.read1())
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["at-once", "byte-by-byte"])
+def test_chunked_body_decodes_alike_however_it_arrives(trickle):
+    body = http1.ChunkedBody(reader(CHUNKED, trickle))
+    assert read_all(body) == b"data: 0data: 1\n\nabc"
+    assert body.complete and body.reusable and body.read1() == b""
+
+
+def test_chunked_body_with_bytes_after_its_end_is_not_reusable():
+    body = http1.ChunkedBody(reader(b"2\r\nhi\r\n0\r\n\r\nGARBAGE"))
+    assert read_all(body) == b"hi" and body.complete and not body.reusable
+
+
+@pytest.mark.parametrize("data", [b"-5\r\nhello\r\n0\r\n\r\n", b"5\r\nhelloXX0\r\n\r\n", b"5\r\nhel",
+                                  b"f" * 9000], ids=["negative", "no-crlf", "cut-short", "endless-line"])
+def test_malformed_chunked_bodies_raise_connection_error(data):
+    with pytest.raises(ConnectionError):
+        read_all(http1.ChunkedBody(reader(data)))
+
+
+def test_fixed_body():
+    assert http1.FixedBody(reader(b"hello, rest"), 5).read_rest() == b"hello"
+    assert http1.FixedBody(reader(b"hello"), 5).read_rest(limit=4) is None      # over the limit: not read
+    assert http1.FixedBody(reader(b"hello"), None).read_rest() is None          # unknown length
+    with pytest.raises(ConnectionError, match="2 bytes early"):
+        http1.FixedBody(reader(b"abc"), 5).read_rest()
+    body = http1.FixedBody(reader(b"abcdef"), 4)
+    assert not body.reusable and read_all(body) == b"abcd" and body.reusable
+    until_close = http1.FixedBody(reader(b"to the end"), None)
+    assert until_close.read1() == b"to the end" and until_close.read1() == b"" and not until_close.reusable
+    assert http1.FixedBody(reader(b""), 0).reusable
+    with pytest.raises(ConnectionError, match="3 bytes early"):
+        read_all(http1.FixedBody(reader(b"ab"), 5))
+
+
+def test_header_value_ignores_letter_case():
+    pairs = [("Content-Type", "a"), ("content-type", "b")]
+    assert http1.header_value(pairs, "CONTENT-TYPE") == "a"
+    assert http1.header_value(pairs, "x-missing", "none") == "none"
