@@ -6,6 +6,7 @@
     python bench/startup.py --kb-dir /tmp/kb100k     # keep the built KB there and reuse it next time
     python bench/startup.py --compare /tmp/old/ragproxy.py   # another ragproxy.py beside (e.g. the
                                                      # single file from before the package split)
+    python bench/startup.py --compare /tmp/old.pyz   # or another .pyz
     python bench/startup.py --json                   # the table, then one JSON line
     python bench/startup.py --ragproxy /tmp/try/ragproxy.py  # measure another checkout
 
@@ -60,15 +61,19 @@ CHECKOUT_TREES = ("ragproxy.py", "_ragproxy", "vendored", "static")
 TARGETS = {"--version": 1.5, "search": 3.0}
 
 
-def build_kb(work, chunks_wanted, checkout):
-    """A data directory whose one lexical KB ``kb`` holds about ``chunks_wanted`` chunks; ``(data, config, query)``."""
+def build_kb(work, chunks_wanted, checkout, script=None, name="data"):
+    """A data directory whose one lexical KB ``kb`` holds about ``chunks_wanted`` chunks; ``(data, config, query)``.
+
+    The KB is made by ``ragproxy.py import`` of ``script`` (default: the checkout's): another version
+    may not read the store format this one writes.
+    """
     rp = load_ragproxy(os.path.join(checkout, "ragproxy.py"))
     root, files = stdlib_files()
     chunks, _, _ = chunk_corpus(rp, root, files[:max(20, chunks_wanted // 20)] if chunks_wanted < 20000 else files)
     if not chunks:
         raise SystemExit("no stdlib chunks to build a KB from")
     query = make_queries(chunks, 2)[-1]
-    data = os.path.join(work, "data")
+    data = os.path.join(work, name)
     config = os.path.join(data, "config", "config.yaml")
     marker = os.path.join(data, "built-for")
     if os.path.exists(marker) and open(marker).read() == str(chunks_wanted):
@@ -86,7 +91,7 @@ def build_kb(work, chunks_wanted, checkout):
             c = chunks[i % len(chunks)]
             f.write(json.dumps({"_id": str(i), "title": c.symbol or c.source, "text": c.text}) + "\n")
     started = time.perf_counter()
-    subprocess.run([sys.executable, os.path.join(checkout, "ragproxy.py"), "import", "kb", corpus,
+    subprocess.run([sys.executable, script or os.path.join(checkout, "ragproxy.py"), "import", "kb", corpus,
                     "--data-dir", data, "--config", config, "--log-level", "WARNING"],
                    check=True, stdout=subprocess.DEVNULL, timeout=3600)
     print(f"built a KB of {chunks_wanted} records in {time.perf_counter() - started:.1f} s", file=sys.stderr)
@@ -109,10 +114,11 @@ def copy_checkout(source, target):
 
 
 class Side:
-    """One way of starting ragproxy: ``prepare()`` before each timed run gives the argv prefix and env."""
+    """One way of starting ragproxy: ``prepare()`` before each timed run gives the argv prefix and env;
+    ``data`` is the ``(data dir, config, query)`` it searches, when not the one every other side shares."""
 
-    def __init__(self, label, prepare):
-        self.label, self.prepare = label, prepare
+    def __init__(self, label, prepare, data=None):
+        self.label, self.prepare, self.data = label, prepare, data
 
 
 def sides(args, work, base_env):
@@ -138,11 +144,16 @@ def sides(args, work, base_env):
     out.append(Side("python ragproxy.pyz, cold",
                     lambda: ([sys.executable, pyz], dict(base_env, RAGPROXY_CACHE_DIR=fresh("pyz-cache-cold")))))
     for n, other in enumerate(args.compare, 1):
-        other_copy = os.path.join(work, "compare-%d" % n)
-        shutil.copytree(os.path.dirname(os.path.abspath(other)), other_copy,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".git", "data", "dist", "tests", "bench"))
-        script = os.path.join(other_copy, os.path.basename(other))
-        out.append(Side("compare-%d (%s)" % (n, other), lambda script=script: ([sys.executable, script], base_env)))
+        if other.endswith(".pyz"):   # an archive runs as it is
+            script = os.path.abspath(other)
+        else:                        # a checkout (or single file) runs from a copy, as the warm script side
+            other_copy = os.path.join(work, "compare-%d" % n)
+            shutil.copytree(os.path.dirname(os.path.abspath(other)), other_copy, ignore=shutil.ignore_patterns(
+                "__pycache__", "*.pyc", ".git", "data", "dist", "tests", "bench"))
+            script = os.path.join(other_copy, os.path.basename(other))
+        data = build_kb(args.work, args.chunks, checkout, script, "data-compare-%d" % n)
+        out.append(Side("compare-%d (%s)" % (n, other), lambda script=script: ([sys.executable, script], base_env),
+                        data))
     return out
 
 
@@ -187,24 +198,28 @@ def run(args):
     base_env = {k: v for k, v in os.environ.items()
                 if not k.startswith("RAGPROXY_") and k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
     runs_dir = tempfile.mkdtemp(prefix="runs-", dir=work)
+    args.work = work
     try:
-        data, config, query = build_kb(work, args.chunks, os.path.dirname(os.path.abspath(args.ragproxy)))
-        common = ["--data-dir", data, "--config", config, "--log-level", "WARNING"]
-        commands = {
-            "--version": (["--version"], timed),
-            "search": (["search", "kb", query, "--json"] + common, timed),
-            "serve": (["serve", "--port", "0"] + ["--data-dir", data, "--config", config], timed_serve),
-        }
+        shared = build_kb(work, args.chunks, os.path.dirname(os.path.abspath(args.ragproxy)))
+        query = shared[2]
+
+        def commands(side):
+            data, config, query = side.data or shared
+            common = ["--data-dir", data, "--config", config, "--log-level", "WARNING"]
+            return {"--version": (["--version"], timed),
+                    "search": (["search", "kb", query, "--json"] + common, timed),
+                    "serve": (["serve", "--port", "0"] + ["--data-dir", data, "--config", config], timed_serve)}
+
         all_sides = sides(args, runs_dir, base_env)
         # Warm the warm sides once (their first run would be cold), untimed.
         for side in all_sides:
-            if side.label.endswith("warm"):
+            if side.label.endswith("warm") or side.data is not None:
                 argv, env = side.prepare()
-                for flags, how in commands.values():
+                for flags, how in commands(side).values():
                     how(argv + flags, env)
         cases = [("python -c pass", lambda: ([sys.executable, "-c", "pass"], base_env), [], timed)]
-        for command, (flags, how) in commands.items():
-            cases += [(f"{command}: {side.label}", side.prepare, flags, how) for side in all_sides]
+        for command in ("--version", "search", "serve"):
+            cases += [(f"{command}: {side.label}", side.prepare) + commands(side)[command] for side in all_sides]
         times = {label: [] for label, _, _, _ in cases}
         hits = {}
         for _ in range(args.rounds):
@@ -252,7 +267,8 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=7, help="rounds of every case (default 7)")
     p.add_argument("--kb-dir", help="where to build (and next time reuse) the KB; default a temporary directory")
     p.add_argument("--compare", action="append", default=[],
-                   help="another ragproxy.py (with whatever sits beside it) to run as a further side; repeatable")
+                   help="another ragproxy.py (with whatever sits beside it) or .pyz to run as a further side, "
+                        "with a KB it builds itself; repeatable")
     p.add_argument("--ragproxy", default=os.path.join(ROOT, "ragproxy.py"),
                    help="the ragproxy.py of the checkout to measure (default: this one)")
     p.add_argument("--json", action="store_true", help="after the table, one JSON line with every figure")
