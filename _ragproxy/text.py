@@ -679,7 +679,8 @@ class BM25Index:
                 return None
         if self._np_views is None:   # zero-copy: numpy reads the same memory-mapped pages
             self._np_views = (np, np.frombuffer(self.indptr, dtype=np.int32),
-                              np.frombuffer(self.doc_ids, dtype=np.int32), np.frombuffer(self.weights, dtype=np.float32))
+                              np.frombuffer(self.doc_ids, dtype=np.int32),
+                              np.frombuffer(self.weights, dtype=np.float32))
         return self._np_views
 
     def _search_numpy(self, arrays, terms, rest, top_k):

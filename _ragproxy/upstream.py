@@ -462,10 +462,14 @@ class _SchemePool:
         return pool.request(method, url, headers, body, connect_timeout, read_timeout, tls)
 
     def _tls_pool(self):
-        with self._lock:
-            if self._tls is None:
-                self._tls = _Urllib3Pool(self._maxsize) if deps.urllib3 is not None else _HTTPClientPool(self._maxsize)
-            return self._tls
+        pool = self._tls
+        if pool is None:   # the first https request: made once, whichever thread gets here first
+            with self._lock:
+                if self._tls is None:
+                    self._tls = (_Urllib3Pool(self._maxsize) if deps.urllib3 is not None
+                                 else _HTTPClientPool(self._maxsize))
+                pool = self._tls
+        return pool
 
     def close(self):
         self._plain.close()
