@@ -25,17 +25,15 @@ from __future__ import annotations
 import os
 import sys
 
-#: attribute -> (module to import, switched off by RAGPROXY_PURE)
+#: FEATURES key -> (attribute here, module to import, distribution name, switched off by RAGPROXY_PURE)
 _OPTIONAL = {
-    "np": ("numpy", True),
-    "yaml": ("yaml", True),
-    "urllib3": ("urllib3", True),
-    "tiktoken": ("tiktoken", True),
-    "pypdf": ("pypdf", False),   # no stdlib fallback to test: PDFs are read in both modes
+    "numpy": ("np", "numpy", "numpy", True),
+    "pyyaml": ("yaml", "yaml", "PyYAML", True),
+    "urllib3": ("urllib3", "urllib3", "urllib3", True),
+    "tiktoken": ("tiktoken", "tiktoken", "tiktoken", True),
+    "pypdf": ("pypdf", "pypdf", "pypdf", False),   # no stdlib fallback to test: PDFs are read in both modes
 }
-#: FEATURES key -> (attribute, distribution name)
-_FEATURE_NAMES = {"numpy": ("np", "numpy"), "pyyaml": ("yaml", "PyYAML"), "urllib3": ("urllib3", "urllib3"),
-                  "tiktoken": ("tiktoken", "tiktoken"), "pypdf": ("pypdf", "pypdf")}
+_PROBES = {attr: (module, pure_switch) for attr, module, _, pure_switch in _OPTIONAL.values()}
 #: Accelerators, as opposed to pypdf, which adds a format rather than speed.
 ACCELERATORS = ("numpy", "pyyaml", "urllib3", "tiktoken")
 
@@ -51,12 +49,11 @@ def _add_vendored_path():
     Appended, so a package the user installed wins over the vendored copy.
     """
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    vendored = os.path.join(root, "vendored")
     # Inside a zipapp the root is the .pyz file itself; os.path.isdir cannot
     # look into it, and the build always packs vendored/.
-    if os.path.isdir(os.path.join(root, "vendored")) or os.path.isfile(root):
-        vendored = os.path.join(root, "vendored")
-        if vendored not in sys.path:
-            sys.path.append(vendored)
+    if (os.path.isdir(vendored) or os.path.isfile(root)) and vendored not in sys.path:
+        sys.path.append(vendored)
 
 
 def _probe(module_name, pure_switch):
@@ -79,7 +76,7 @@ def _features():
     if _found is None:
         _found = installed()
     features = {}
-    for feature, (attr, _) in _FEATURE_NAMES.items():
+    for feature, (attr, _, _, _) in _OPTIONAL.items():
         if attr in globals():   # probed: the version of what was imported, None if it failed or is off
             features[feature] = getattr(globals()[attr], "__version__", None)
         else:
@@ -102,8 +99,7 @@ def installed():
     from importlib.util import find_spec
 
     found = {}
-    for feature, (attr, dist) in _FEATURE_NAMES.items():
-        module, pure_switch = _OPTIONAL[attr]
+    for feature, (_, module, dist, pure_switch) in _OPTIONAL.items():
         if pure_switch and pure_mode():
             continue
         try:
@@ -166,8 +162,8 @@ def __getattr__(name):
     """Probe an optional dependency on first read; the answer then stays (PEP 562)."""
     if name == "FEATURES":
         return _features()   # not kept: it follows the probes as they run
-    if name in _OPTIONAL:
-        value = _probe(*_OPTIONAL[name])
+    if name in _PROBES:
+        value = _probe(*_PROBES[name])
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value

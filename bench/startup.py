@@ -121,7 +121,8 @@ class Side:
         self.label, self.prepare, self.data = label, prepare, data
 
 
-def sides(args, work, base_env):
+def sides(args, kb_dir, work, base_env):
+    """The sides to time; ``work`` holds their copies, ``kb_dir`` the KBs that --compare sides build."""
     checkout = os.path.dirname(os.path.abspath(args.ragproxy))
     out = []
     warm_script = copy_checkout(checkout, os.path.join(work, "checkout-warm"))
@@ -151,7 +152,7 @@ def sides(args, work, base_env):
             shutil.copytree(os.path.dirname(os.path.abspath(other)), other_copy, ignore=shutil.ignore_patterns(
                 "__pycache__", "*.pyc", ".git", "data", "dist", "tests", "bench"))
             script = os.path.join(other_copy, os.path.basename(other))
-        data = build_kb(args.work, args.chunks, checkout, script, "data-compare-%d" % n)
+        data = build_kb(kb_dir, args.chunks, checkout, script, "data-compare-%d" % n)
         out.append(Side("compare-%d (%s)" % (n, other), lambda script=script: ([sys.executable, script], base_env),
                         data))
     return out
@@ -198,7 +199,6 @@ def run(args):
     base_env = {k: v for k, v in os.environ.items()
                 if not k.startswith("RAGPROXY_") and k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
     runs_dir = tempfile.mkdtemp(prefix="runs-", dir=work)
-    args.work = work
     try:
         shared = build_kb(work, args.chunks, os.path.dirname(os.path.abspath(args.ragproxy)))
         query = shared[2]
@@ -210,7 +210,7 @@ def run(args):
                     "search": (["search", "kb", query, "--json"] + common, timed),
                     "serve": (["serve", "--port", "0"] + ["--data-dir", data, "--config", config], timed_serve)}
 
-        all_sides = sides(args, runs_dir, base_env)
+        all_sides = sides(args, work, runs_dir, base_env)
         # Warm the warm sides once (their first run would be cold), untimed.
         for side in all_sides:
             if side.label.endswith("warm") or side.data is not None:

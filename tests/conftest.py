@@ -25,7 +25,7 @@ if ROOT not in sys.path:
     sys.path.append(ROOT)
 
 import ragproxy  # noqa: E402
-from _ragproxy import deps, http1
+from _ragproxy import deps, http1  # noqa: E402
 from fake_upstream import FakeUpstream  # noqa: E402
 
 API_KEY = "rp-test-key-0001"

@@ -2,7 +2,7 @@
 
 Builds go to temporary directories through the tool's command line, as a
 maintainer runs it; the archive is then run the way a user runs it, with its
-cache directory (tools/pyz_main.py) in a temporary directory too.
+cache directory (tools/pyz_main.py) in conftest's temporary XDG_CACHE_HOME.
 """
 import glob
 import hashlib
@@ -22,12 +22,6 @@ TOOL = os.path.join(ROOT, "tools", "build_pyz.py")
 BOOTSTRAP = os.path.join(ROOT, "tools", "pyz_main.py")
 VERSION = re.search(r'^__version__ = "([^"]+)"', open(os.path.join(ROOT, "_ragproxy", "__init__.py")).read(),
                     re.M).group(1)
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    """Every archive run here extracts into this test's own cache directory, never the user's."""
-    monkeypatch.setenv("RAGPROXY_CACHE_DIR", str(tmp_path / "pyz-cache"))
 
 
 def _env(**changes):
