@@ -124,6 +124,26 @@ ENDPOINTS = {
 _UNPREFIXED = ("/chat/completions", "/completions", "/responses", "/messages", "/models", "/embeddings")
 
 
+#: A key carried in the path, for clients that can set a base URL but no header
+#: (``http://HOST:PORT/k/KEY/api/chat``).  The prefix is taken off before routing
+#: and never forwarded; loggable_path() masks it wherever a path is logged.
+KEY_PREFIX = "/k/"
+
+
+def split_key_prefix(path):
+    """``(key, rest)`` for a path that starts ``/k/KEY/``; ``(None, path)`` for any other."""
+    if not path.startswith(KEY_PREFIX):
+        return None, path
+    key, slash, rest = path[len(KEY_PREFIX):].partition("/")
+    return key, slash + rest if slash else "/"
+
+
+def loggable_path(path):
+    """``path`` with a key prefix masked, so a key never reaches a log line."""
+    key, rest = split_key_prefix(path)
+    return path if key is None else KEY_PREFIX + "***" + rest
+
+
 def normalize_path(path):
     """Map the path variants clients use onto one canonical form."""
     if len(path) > 1:
