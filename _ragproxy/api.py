@@ -184,6 +184,7 @@ class Request:
     body: bytes = b""
     client: str = ""
     stream: object = None  # uploads: a reader of the unread body instead of ``body``
+    path_key: str = None  # a key taken off the path (/k/KEY/...); never forwarded or logged
 
 
 @dataclasses.dataclass

@@ -37,6 +37,7 @@ from .api import (
     json_bytes,
     json_response,
     normalize_path,
+    split_key_prefix,
 )
 from .config import ModelRoute, Provider
 from .jsonbody import json_object_of, with_edits, with_model
@@ -58,6 +59,14 @@ _HOP_BY_HOP = frozenset((
 _DROP_UPSTREAM = _HOP_BY_HOP | {"host", "content-length", "accept-encoding", "authorization", "x-api-key",
                                 "expect"}
 _DROP_DOWNSTREAM = _HOP_BY_HOP | {"content-length"}
+
+
+def _connection_options(value):
+    """The header names a Connection header lists: hop-by-hop for this connection only
+    (RFC 9110 section 7.6.1), so a proxy removes them as it removes Connection itself."""
+    if not value:
+        return frozenset()
+    return frozenset(name.strip().lower() for name in value.split(",")) - {"", "close", "keep-alive"}
 _NATIVE_PROVIDER = {"openai": "openai", "responses": "openai", "anthropic": "anthropic", "ollama": "ollama"}
 
 
@@ -143,7 +152,10 @@ class App:
     # -- entry point --------------------------------------------------------
 
     def handle(self, request):
-        path = normalize_path(request.path)
+        path_key, path = split_key_prefix(request.path)
+        if path_key is not None:
+            request = dataclasses.replace(request, path=path, path_key=path_key)
+        path = normalize_path(path)
         dialect = dialect_for_path(path)
         trace = _Trace(self.clock())
         try:
@@ -154,8 +166,13 @@ class App:
             response = error_response(dialect, 502, str(exc), "rag_retrieval_failed")
         except UpstreamError as exc:
             status = 504 if exc.kind == "timeout" else 502
-            log.warning("upstream %s for %s %s: %s", exc.kind, request.method, path, exc)
-            response = error_response(dialect, status, str(exc), "upstream_" + exc.kind)
+            provider = exc.provider or "?"
+            log.warning("upstream %s (provider %s) for %s %s: %s", exc.kind, provider, request.method, path, exc)
+            # The provider's name tells the user which one to fix; its address
+            # and the socket error are for the log only.
+            what = "did not answer in time" if exc.kind == "timeout" else "is unreachable"
+            response = error_response(dialect, status, f"upstream provider '{provider}' {what} "
+                                                       "(details are in ragproxy's log)", "upstream_" + exc.kind)
         if trace.exchange is None:
             return response
         if isinstance(response, StreamResponse):
@@ -247,12 +264,13 @@ class App:
         auth = request.headers.get("authorization", "")
         if not presented and auth[:7].lower() == "bearer ":
             presented = auth[7:].strip()
+        presented = presented or request.path_key or ""
         if not config.api_keys:
             raise ClientError(401, "api_key_auth is on but no api_keys are configured: add one under "
                                    "api_keys in config.yaml, or set api_key_auth: false", "invalid_api_key")
         if not presented:
-            raise ClientError(401, "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
-                              "invalid_api_key")
+            raise ClientError(401, "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY', "
+                                   "or put it in the base URL as http://HOST:PORT/k/KEY", "invalid_api_key")
         matched = None
         for entry in config.api_keys:  # compare against every key: timing reveals nothing
             if hmac.compare_digest(entry["key"].encode(), presented.encode()):
@@ -375,8 +393,9 @@ class App:
         return self.admin is not None and self.admin.wants_body_stream(method, normalize_path(path))
 
     def upstream_headers(self, request, provider):
+        named = _connection_options(request.headers.get("connection"))
         headers = {name: value for name, value in request.headers.items()
-                   if name not in _DROP_UPSTREAM and not name.startswith("x-ragproxy-")}
+                   if name not in _DROP_UPSTREAM and not name.startswith("x-ragproxy-") and name not in named}
         headers["accept-encoding"] = "identity"
         key = provider.api_key
         if provider.pass_client_key and not self.config.api_key_auth:
@@ -402,12 +421,18 @@ class App:
                 headers["content-type"] = content_type
             else:
                 headers.setdefault("content-type", "application/json")
-        return self.http.request(method, url, headers, body, provider.connect_timeout, provider.read_timeout,
-                                 provider.tls)
+        try:
+            return self.http.request(method, url, headers, body, provider.connect_timeout, provider.read_timeout,
+                                     provider.tls)
+        except UpstreamError as exc:
+            exc.provider = provider.name
+            raise
 
     def _send(self, request, dialect, provider, method, url, body, extra_headers):
         upstream = self.open_upstream(request, provider, method, url, body)
-        out_headers = [(k, v) for k, v in upstream.headers if k.lower() not in _DROP_DOWNSTREAM]
+        named = _connection_options(upstream.header("connection"))
+        out_headers = [(k, v) for k, v in upstream.headers
+                       if k.lower() not in _DROP_DOWNSTREAM and k.lower() not in named]
         out_headers += extra_headers
         content_type = upstream.header("content-type")
         if upstream.status < 400 and is_event_stream(content_type):
@@ -419,7 +444,12 @@ class App:
                                   upstream.close, functools.partial(_hang_up, upstream, tracker, sse))
         # Errors included: status and body go back byte for byte, since clients
         # (Claude Code's retry logic among them) read the upstream's wording.
-        return Response(upstream.status, out_headers, upstream.read_all(MAX_UPSTREAM_BODY))
+        try:
+            body = upstream.read_all(MAX_UPSTREAM_BODY)
+        except UpstreamError as exc:
+            exc.provider = provider.name
+            raise
+        return Response(upstream.status, out_headers, body)
 
     # -- local answers ------------------------------------------------------
 

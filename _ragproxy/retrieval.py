@@ -90,15 +90,51 @@ class _LRU:
         return len(self._data)
 
 
-def _tiktoken_counter():
-    """Exact token counts from tiktoken's cl100k_base, when it is installed and has its
-    encoding file (tiktoken downloads it on first use, which an air-gapped host cannot)."""
-    if deps.tiktoken is None:
+# tiktoken fetches an encoding from a public host the first time it is asked
+# for it, and ragproxy must never contact anything but configured upstreams.
+# So it is used only when the file is already in tiktoken's own cache, where
+# tiktoken looks first: TIKTOKEN_CACHE_DIR (or DATA_GYM_CACHE_DIR), else
+# TMPDIR/data-gym-cache, named by the SHA-1 of the URL and holding the
+# published SHA-256 (a file that fails the check is one tiktoken would fetch again).
+_CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+_CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+
+
+def _tiktoken_cache_file(environ, url=_CL100K_URL):
+    """Where tiktoken keeps ``url``'s file, or None when its cache is switched off."""
+    import hashlib
+    import os
+    import tempfile
+    cache_dir = environ.get("TIKTOKEN_CACHE_DIR", environ.get("DATA_GYM_CACHE_DIR"))
+    if cache_dir is None:
+        cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    if not cache_dir:
+        return None
+    return os.path.join(cache_dir, hashlib.sha1(url.encode()).hexdigest())
+
+
+def _tiktoken_counter(tiktoken=None, environ=None, expected_sha256=_CL100K_SHA256):
+    """Exact token counts from tiktoken's cl100k_base when it is installed and its
+    encoding is cached locally; else None (and the estimate is used)."""
+    import hashlib
+    import os
+    tiktoken = tiktoken or deps.tiktoken
+    if tiktoken is None:
+        return None
+    path = _tiktoken_cache_file(os.environ if environ is None else environ)
+    try:
+        with open(path, "rb") as f:
+            cached = hashlib.sha256(f.read()).hexdigest() == expected_sha256
+    except (OSError, TypeError):
+        cached = False
+    if not cached:
+        log.info("tiktoken is installed but its cl100k_base file is not in its local cache (%s); "
+                 "estimating tokens (see 'Token counts' in the README)", path or "TIKTOKEN_CACHE_DIR is empty")
         return None
     try:
-        encoding = deps.tiktoken.get_encoding("cl100k_base")
+        encoding = tiktoken.get_encoding("cl100k_base")
     except Exception as exc:
-        log.info("tiktoken is installed but cl100k_base is not available (%s); estimating tokens", exc)
+        log.info("tiktoken could not load cl100k_base (%s); estimating tokens", exc)
         return None
     return lambda text: len(encoding.encode(text, disallowed_special=()))
 

@@ -26,9 +26,10 @@ from .http1 import READ_SIZE, ChunkedBody, FixedBody, header_value, read_head_li
 class UpstreamError(Exception):
     """The upstream failed before answering: ``kind`` is "unreachable" or "timeout"."""
 
-    def __init__(self, kind, message):
+    def __init__(self, kind, message, provider=None):
         super().__init__(message)
         self.kind = kind
+        self.provider = provider  # the provider's name, once the proxy knows which one failed
 
 
 class UpstreamResponse:

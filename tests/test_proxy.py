@@ -395,3 +395,110 @@ def test_rewriters_that_name_their_edits_leave_the_rest_of_the_body_as_sent(prox
     assert fake.last.body == \
         b'{"model":"real-model-name", "messages": [{"role":"user","content":"q"}], "temperature": 1.50' \
         b',"system":"CONTEXT-456"}'
+
+
+# -- hop-by-hop headers a Connection header names (RFC 9110 section 7.6.1) ---------
+
+def test_headers_named_in_the_clients_connection_header_are_not_forwarded(proxy, fake):
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=5)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(
+        {"model": "gpt-4o", "messages": [{"role": "user", "content": "hop"}]}),
+        headers={"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json",
+                 "Connection": "keep-alive, X-Hop-Secret", "X-Hop-Secret": "for the proxy only",
+                 "X-Kept": "end to end"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read())["choices"][0]["message"]["content"] == "ECHO: hop"
+    conn.close()
+    assert "x-hop-secret" not in fake.last.headers
+    assert fake.last.headers["x-kept"] == "end to end"
+
+
+def test_headers_named_in_the_upstreams_connection_header_are_not_relayed(make_proxy):
+    import http.client
+    import socket
+    import threading
+
+    from conftest import proxy_config
+    body = b'{"choices":[{"message":{"role":"assistant","content":"hi"}}]}'
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer():
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, rest = data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            while len(rest) < length:
+                rest += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: X-Upstream-Hop\r\n"
+                         b"X-Upstream-Hop: internal\r\nX-Request-Id: r1\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    p = make_proxy(proxy_config(f"http://127.0.0.1:{listener.getsockname()[1]}"))
+    conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=5)
+    conn.request("POST", "/v1/chat/completions", body=b'{"model":"gpt-4o","messages":[]}',
+                 headers={"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.read() == body
+    assert resp.getheader("X-Upstream-Hop") is None and resp.getheader("X-Request-Id") == "r1"
+    conn.close()
+    thread.join(5)
+    listener.close()
+
+
+# -- an unreachable upstream is named, its address is not ----------------------------
+
+def test_unreachable_upstream_names_the_provider_not_its_address(make_proxy, caplog):
+    from conftest import proxy_config
+    p = make_proxy(proxy_config("http://127.0.0.1:9"))  # discard port: nothing listens
+    with caplog.at_level("WARNING", logger="ragproxy"):
+        with pytest.raises(openai.APIStatusError) as info:
+            openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0).chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 502 and info.value.body["code"] == "upstream_unreachable"
+    message = info.value.body["message"]
+    assert "'oa'" in message and "127.0.0.1" not in message and ":9" not in message
+    assert "127.0.0.1:9" in caplog.text and "provider oa" in caplog.text  # the detail is in the log
+
+
+# -- Ollama-speaking clients: a key in a header, or in the base URL ------------------
+
+def test_official_ollama_client_with_a_bearer_header(proxy, fake):
+    import ollama
+    client = ollama.Client(host=proxy.url, headers={"Authorization": "Bearer " + API_KEY})
+    reply = client.chat(model="llama3", messages=[{"role": "user", "content": "header key"}])
+    assert reply.message.content == "ECHO: header key"
+    assert fake.last.path == "/api/chat" and API_KEY not in json.dumps(fake.last.headers)
+    client.list()
+    assert fake.last.path == "/api/tags" and API_KEY not in json.dumps(fake.last.headers)
+
+
+def test_official_ollama_client_with_the_key_in_its_base_url(proxy, fake, caplog):
+    import ollama
+    client = ollama.Client(host=f"{proxy.url}/k/{API_KEY}")
+    with caplog.at_level("DEBUG", logger="ragproxy"):
+        reply = client.chat(model="llama3", messages=[{"role": "user", "content": "url key"}])
+        streamed = "".join(part.message.content for part in client.chat(
+            model="llama3", messages=[{"role": "user", "content": "streamed url key"}], stream=True))
+        client.list()
+    assert reply.message.content == "ECHO: url key" and streamed == "ECHO: streamed url key"
+    assert [r.path for r in fake.requests] == ["/api/chat", "/api/chat", "/api/tags"]  # the prefix is not forwarded
+    assert all(API_KEY not in r.path and API_KEY not in json.dumps(r.headers) for r in fake.requests)
+    logged = [r.getMessage() for r in caplog.records if r.name == "ragproxy"]
+    assert any("/k/***/api/chat" in line for line in logged)  # the server's access lines, masked
+    assert not any(API_KEY in line for line in logged)
+
+
+def test_ollama_client_without_a_key_is_told_both_ways_to_send_one(proxy):
+    import ollama
+    with pytest.raises(ollama.ResponseError) as info:
+        ollama.Client(host=proxy.url).chat(model="llama3", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 401 and "/k/KEY" in info.value.error
+    with pytest.raises(ollama.ResponseError) as info:
+        ollama.Client(host=proxy.url + "/k/wrong-key").list()
+    assert info.value.status_code == 401 and info.value.error == "invalid API key"

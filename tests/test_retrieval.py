@@ -315,3 +315,47 @@ def test_kb_merge_modes(make_proxy, fake, data_dir, merge):
         assert kbs[0] == "docs"  # the first KB's results come first
     else:
         assert "code" in kbs  # merged across KBs
+
+
+# -- tiktoken never reaches the internet -------------------------------------------
+
+class _FakeTiktoken:
+    """Stands in for the tiktoken module: records whether an encoding was asked for
+    (the real get_encoding downloads the file when it is not cached)."""
+
+    def __init__(self):
+        self.asked = []
+
+    def get_encoding(self, name):
+        self.asked.append(name)
+
+        class Encoding:
+            @staticmethod
+            def encode(text, disallowed_special=()):
+                return text.split()
+        return Encoding()
+
+
+def test_tiktoken_without_a_cached_encoding_is_not_asked_for_it(tmp_path):
+    from _ragproxy.retrieval import _tiktoken_counter
+    fake = _FakeTiktoken()
+    assert _tiktoken_counter(fake, {"TIKTOKEN_CACHE_DIR": str(tmp_path)}) is None
+    assert _tiktoken_counter(fake, {"TIKTOKEN_CACHE_DIR": ""}) is None  # tiktoken's "no cache"
+    assert fake.asked == []
+
+
+def test_tiktoken_with_its_cached_encoding_counts_exactly(tmp_path):
+    import hashlib
+    import os
+
+    from _ragproxy.retrieval import _tiktoken_cache_file, _tiktoken_counter
+    environ = {"DATA_GYM_CACHE_DIR": str(tmp_path)}
+    path = _tiktoken_cache_file(environ)
+    assert os.path.dirname(path) == str(tmp_path)
+    with open(path, "wb") as f:
+        f.write(b"the encoding file")
+    fake = _FakeTiktoken()
+    # A file that fails the published hash is one tiktoken would download again.
+    assert _tiktoken_counter(fake, environ) is None and fake.asked == []
+    count = _tiktoken_counter(fake, environ, expected_sha256=hashlib.sha256(b"the encoding file").hexdigest())
+    assert fake.asked == ["cl100k_base"] and count("three words here") == 3
