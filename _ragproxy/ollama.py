@@ -2,69 +2,162 @@
 
 Tools that speak Ollama's /api/chat and /api/generate can use any provider:
 requests become chat completions, and the answer (JSON or SSE) is turned
-back into Ollama JSON or NDJSON.
+back into Ollama JSON or NDJSON.  A request is checked for the shape the
+translation reads: a malformed body is a 400 naming the field.
 
 May import: api, upstream.
 """
 from __future__ import annotations
 
 import json
+import math
 import time
 
 from .api import ClientError, StreamResponse, error_response, json_bytes, json_response
 from .upstream import MAX_UPSTREAM_BODY, UpstreamError, upstream_url
 
-_OLLAMA_OPTION_MAP = {"temperature": "temperature", "top_p": "top_p", "num_predict": "max_tokens",
-                      "stop": "stop", "seed": "seed", "frequency_penalty": "frequency_penalty",
-                      "presence_penalty": "presence_penalty"}
+_NUMBER = (int, float)
+# Ollama option -> (chat-completions field, accepted JSON types, what to call them).
+_OLLAMA_OPTION_MAP = {"temperature": ("temperature", _NUMBER, "a number"),
+                      "top_p": ("top_p", _NUMBER, "a number"),
+                      "num_predict": ("max_tokens", int, "an integer"),
+                      "stop": ("stop", (str, list), "a string or an array of strings"),
+                      "seed": ("seed", int, "an integer"),
+                      "frequency_penalty": ("frequency_penalty", _NUMBER, "a number"),
+                      "presence_penalty": ("presence_penalty", _NUMBER, "a number")}
+
+
+# -- the request -------------------------------------------------------------
+
+def _checked(value, types, where, expected):
+    """``value`` if it is of ``types``; a 400 naming ``where`` if not.
+
+    A bool never stands in for a number, nor NaN or an infinity (which
+    Python's parser takes, and JSON has not) for a float.
+    """
+    if isinstance(value, types) and (types is bool or not isinstance(value, bool)) \
+            and not (isinstance(value, float) and not math.isfinite(value)):
+        return value
+    raise ClientError(400, f"'{where}' must be {expected}")
+
+
+def _optional(obj, key, types, where, expected, default):
+    value = obj.get(key)
+    return default if value is None else _checked(value, types, where, expected)
+
+
+def _strings(value, where):
+    for i, item in enumerate(_checked(value, list, where, "an array of strings")):
+        _checked(item, str, f"{where}[{i}]", "a string")
+    return value
 
 
 def _ollama_to_openai(endpoint_name, payload, model):
-    """The chat-completions body for an Ollama /api/chat or /api/generate body."""
+    """The chat-completions body for an Ollama /api/chat or /api/generate body; ClientError 400
+    naming the field when the body is not the shape Ollama documents."""
     if endpoint_name == "ollama_chat":
-        messages = [_ollama_message_to_openai(m) for m in payload.get("messages") or [] if isinstance(m, dict)]
+        entries = _optional(payload, "messages", list, "messages", "an array of message objects", [])
+        messages = [_ollama_message_to_openai(_checked(m, dict, f"messages[{i}]", "a message object"),
+                                              f"messages[{i}]") for i, m in enumerate(entries)]
     elif endpoint_name == "ollama_generate":
         messages = []
-        if payload.get("system"):
-            messages.append({"role": "system", "content": payload["system"]})
-        messages.append(_ollama_message_to_openai({"role": "user", "content": payload.get("prompt") or "",
-                                                   "images": payload.get("images")}))
+        system = _optional(payload, "system", str, "system", "a string", "")
+        if system:
+            messages.append({"role": "system", "content": system})
+        messages.append(_ollama_message_to_openai({"role": "user", "content": payload.get("prompt"),
+                                                   "images": payload.get("images")}, "", "prompt"))
     else:
         raise ClientError(400, f"{endpoint_name} needs an Ollama upstream")
-    body = {"model": model, "messages": messages, "stream": payload.get("stream", True) is not False}
-    if body["stream"]:
+    stream = _optional(payload, "stream", bool, "stream", "true or false", True)
+    body = {"model": model, "messages": messages, "stream": stream}
+    if stream:
         body["stream_options"] = {"include_usage": True}
-    for name, target in _OLLAMA_OPTION_MAP.items():
-        options = payload.get("options") or {}
-        if isinstance(options, dict) and name in options:
-            body[target] = options[name]
-    if payload.get("tools"):
-        body["tools"] = payload["tools"]
-    if payload.get("format") == "json":
+    options = _optional(payload, "options", dict, "options", "an object", {})
+    for name, (target, types, expected) in _OLLAMA_OPTION_MAP.items():
+        if options.get(name) is None:
+            continue
+        value = _checked(options[name], types, f"options.{name}", expected)
+        if name == "stop" and isinstance(value, list):
+            _strings(value, "options.stop")
+        if name == "num_predict" and value < 0:
+            continue  # Ollama's -1 (no limit) and -2 (fill the context): chat completions' default
+        body[target] = value
+    tools = _optional(payload, "tools", list, "tools", "an array of tool objects", [])
+    for i, tool in enumerate(tools):
+        _checked(tool, dict, f"tools[{i}]", "a tool object")
+    if tools:
+        body["tools"] = tools
+    fmt = payload.get("format")
+    if fmt == "json":
         body["response_format"] = {"type": "json_object"}
-    elif isinstance(payload.get("format"), dict):
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "output", "schema": payload["format"]}}
+    elif isinstance(fmt, dict):
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt}}
+    elif fmt not in (None, ""):
+        raise ClientError(400, "'format' must be \"json\" or a JSON schema object")
     return body
 
 
-def _ollama_message_to_openai(message):
-    out = {"role": message.get("role", "user"), "content": message.get("content") or ""}
-    images = message.get("images") or []
+def _ollama_message_to_openai(message, where, content_name="content"):
+    prefix = where + "." if where else ""
+    role = _optional(message, "role", str, prefix + "role", "a string", "user")
+    content = _optional(message, "content", str, prefix + content_name, "a string", "")
+    out = {"role": role, "content": content}
+    images = _optional(message, "images", list, prefix + "images", "an array of base64 strings", [])
     if images:
-        parts = [{"type": "text", "text": out["content"]}]
+        _strings(images, prefix + "images")
+        parts = [{"type": "text", "text": content}]
         parts += [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + img}} for img in images]
         out["content"] = parts
-    calls = message.get("tool_calls") or []
+    calls = _optional(message, "tool_calls", list, prefix + "tool_calls", "an array of tool calls", [])
     if calls:
-        out["tool_calls"] = [{"id": f"call_{i}", "type": "function",
-                              "function": {"name": c.get("function", {}).get("name", ""),
-                                           "arguments": json.dumps(c.get("function", {}).get("arguments", {}))}}
-                             for i, c in enumerate(calls)]
-    if out["role"] == "tool" and message.get("tool_call_id"):
-        out["tool_call_id"] = message["tool_call_id"]
+        out["tool_calls"] = [_tool_call_to_openai(call, i, f"{prefix}tool_calls[{i}]") for i, call in enumerate(calls)]
+    tool_call_id = _optional(message, "tool_call_id", str, prefix + "tool_call_id", "a string", "")
+    if role == "tool" and tool_call_id:
+        out["tool_call_id"] = tool_call_id
     return out
 
+
+def _tool_call_to_openai(call, i, where):
+    fn = _optional(_checked(call, dict, where, "a tool call object"), "function", dict, where + ".function",
+                   "an object", {})
+    name = _optional(fn, "name", str, where + ".function.name", "a string", "")
+    arguments = _optional(fn, "arguments", dict, where + ".function.arguments", "an object", {})
+    try:
+        encoded = json.dumps(arguments)
+    except RecursionError:
+        raise ClientError(400, f"'{where}.function.arguments' is nested too deeply") from None
+    return {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": encoded}}
+
+
+def _request_bytes(body, payload):
+    """``body`` encoded; a 400 naming the field when the client nested it too deeply to encode.
+
+    The body was parsed on a shallower stack than this one, so a body nested
+    just under the parser's limit can parse and yet not encode.  Catching the
+    RecursionError here costs nothing on the way every body takes.
+    """
+    try:
+        return json_bytes(body)
+    except RecursionError:
+        raise ClientError(400, f"'{_deepest_field(payload)}' is nested too deeply") from None
+
+
+def _deepest_field(payload):
+    """The top-level field of ``payload`` that holds its most deeply nested value (walked without recursion)."""
+    deepest, best = "", -1
+    stack = [(value, key, 1) for key, value in payload.items()]
+    while stack:
+        value, key, depth = stack.pop()
+        if depth > best:
+            deepest, best = key, depth
+        if isinstance(value, dict):
+            stack.extend((v, key, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, key, depth + 1) for v in value)
+    return deepest
+
+
+# -- the answer -------------------------------------------------------------
 
 class _OllamaReply:
     """Builds Ollama reply objects for one call, chat or generate."""
@@ -118,7 +211,8 @@ def translate_ollama_call(app, exchange):
     provider = exchange.provider
     body = _ollama_to_openai(exchange.endpoint.name, exchange.payload, exchange.payload.get("model", ""))
     url = upstream_url(provider, "/v1/chat/completions", "")
-    upstream = app.open_upstream(exchange.request, provider, "POST", url, json_bytes(body), "application/json")
+    upstream = app.open_upstream(exchange.request, provider, "POST", url, _request_bytes(body, exchange.payload),
+                                 "application/json")
     reply = _OllamaReply(exchange.endpoint.name, exchange.model, app.clock)
     if upstream.status >= 400:
         raw = upstream.read_all(MAX_UPSTREAM_BODY)

@@ -103,3 +103,102 @@ def test_version_needs_no_key(proxy):
 def test_other_api_path_forwarded_to_ollama(proxy, fake):
     _call(proxy, "/api/show", {"model": "llama3"})
     assert fake.last.path == "/api/show"
+
+
+# -- the translated path: what the client sends ---------------------------------
+
+def _error_of(proxy, path, body):
+    """(status, parsed body) of a call the proxy refuses."""
+    with pytest.raises(urllib.error.HTTPError) as info:
+        _call(proxy, path, body)
+    return info.value.code, json.loads(info.value.read())
+
+
+_MESSAGE = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize("path,fields,named", [
+    ("/api/chat", {"messages": 5}, "'messages'"),
+    ("/api/chat", {"messages": [5]}, "'messages[0]'"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": [1]}]}, "'messages[0].images[0]'"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": [None]}]}, "'messages[0].images[0]'"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": "abc"}]}, "'messages[0].images'"),
+    ("/api/chat", {"messages": [{"role": "assistant", "tool_calls": [1]}]}, "'messages[0].tool_calls[0]'"),
+    ("/api/chat", {"messages": [{"role": "assistant", "tool_calls": [{"function": "f"}]}]},
+     "'messages[0].tool_calls[0].function'"),
+    ("/api/chat", {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f",
+                                                                                  "arguments": "{}"}}]}]},
+     "'messages[0].tool_calls[0].function.arguments'"),
+    ("/api/chat", {"messages": [{"role": 5, "content": "x"}]}, "'messages[0].role'"),
+    ("/api/chat", {"messages": [{"role": "user", "content": {"text": "x"}}]}, "'messages[0].content'"),
+    ("/api/chat", {"messages": [_MESSAGE], "options": 5}, "'options'"),
+    ("/api/chat", {"messages": [_MESSAGE], "options": {"temperature": "hot"}}, "'options.temperature'"),
+    ("/api/chat", {"messages": [_MESSAGE], "options": {"num_predict": 1.5}}, "'options.num_predict'"),
+    ("/api/chat", {"messages": [_MESSAGE], "options": {"seed": True}}, "'options.seed'"),
+    ("/api/chat", {"messages": [_MESSAGE], "options": {"stop": [1]}}, "'options.stop[0]'"),
+    ("/api/chat", {"messages": [_MESSAGE], "format": 5}, "'format'"),
+    ("/api/chat", {"messages": [_MESSAGE], "format": "yaml"}, "'format'"),
+    ("/api/chat", {"messages": [_MESSAGE], "tools": 5}, "'tools'"),
+    ("/api/chat", {"messages": [_MESSAGE], "tools": ["lookup"]}, "'tools[0]'"),
+    ("/api/chat", {"messages": [_MESSAGE], "stream": "no"}, "'stream'"),
+    ("/api/generate", {"prompt": 5}, "'prompt'"),
+    ("/api/generate", {"prompt": "x", "system": ["s"]}, "'system'"),
+    ("/api/generate", {"prompt": "x", "images": [1]}, "'images[0]'"),
+    ("/api/generate", {"prompt": "x", "options": []}, "'options'"),
+])
+def test_translated_body_of_the_wrong_shape_is_a_400_naming_the_field(proxy, fake, path, fields, named):
+    status, body = _error_of(proxy, path, dict(fields, model="via-openai"))
+    assert status == 400 and list(body) == ["error"] and named in body["error"]
+    assert fake.requests == []  # refused before anything went upstream
+
+
+def _post_bytes(proxy, path, data):
+    """(status, parsed body) of a POST of raw bytes."""
+    req = urllib.request.Request(proxy.url + path, data=data, method="POST",
+                                 headers={"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize("field", ["format", "tools", "tool_arguments"])
+def test_translated_body_nested_just_under_the_parsers_limit_is_a_400(proxy, fake, field):
+    """Python's parser and encoder share the recursion limit, and the translation
+    encodes on a deeper stack than the body was parsed on: a body nested just
+    under the limit parses, then cannot be encoded again."""
+    deep = '"DEEP"'  # replaced by the nesting in the bytes: this test's own stack could not encode it either
+    body = {"model": "via-openai", "stream": False, "messages": [_MESSAGE]}
+    if field == "format":
+        body["format"] = "DEEP"
+    elif field == "tools":
+        body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": "DEEP"}}]
+    else:
+        body["messages"] = [{"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "f", "arguments": "DEEP"}}]}, _MESSAGE]
+    template = json.dumps(body)
+    assert template.count(deep) == 1
+    ours = []
+    for depth in range(940, 1000, 4):
+        sent_before = len(fake.requests)
+        data = template.replace(deep, '{"a":' * depth + "{}" + "}" * depth).encode()
+        status, payload = _post_bytes(proxy, "/api/chat", data)
+        assert status in (200, 400), (depth, status, payload)
+        if status == 200:
+            assert payload["done"] is True
+        elif len(fake.requests) == sent_before:  # refused by the proxy, not by the upstream
+            ours.append(payload["error"])
+    named = "'messages[0].tool_calls[0].function.arguments'" if field == "tool_arguments" else f"'{field}'"
+    assert all(e in ("request body is not valid JSON: nested too deeply", f"{named} is nested too deeply")
+               for e in ours), ours
+    if field != "tool_arguments":  # (arguments are encoded apart, shallower than the body that holds them)
+        assert f"{named} is nested too deeply" in ours, ours  # the window between parsing and encoding was hit
+
+
+def test_negative_num_predict_means_no_limit_and_a_stop_string_is_kept(proxy, fake):
+    _call(proxy, "/api/chat", {"model": "via-openai", "stream": False, "messages": [_MESSAGE],
+                               "options": {"num_predict": -1, "stop": "END", "top_k": 3}})
+    sent = fake.last.json
+    assert "max_tokens" not in sent and sent["stop"] == "END"  # Ollama's -1 is "no limit", not a length
+
