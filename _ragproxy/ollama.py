@@ -2,8 +2,10 @@
 
 Tools that speak Ollama's /api/chat and /api/generate can use any provider:
 requests become chat completions, and the answer (JSON or SSE) is turned
-back into Ollama JSON or NDJSON.  A request is checked for the shape the
-translation reads: a malformed body is a 400 naming the field.
+back into Ollama JSON or NDJSON.  Both directions are checked for the shape
+the translation reads: a client's malformed body is a 400 naming the field,
+an upstream's malformed answer a 502, or, once the stream has begun, an
+``{"error": ...}`` line that ends it.
 
 May import: api, upstream.
 """
@@ -13,7 +15,7 @@ import json
 import math
 import time
 
-from .api import ClientError, StreamResponse, error_response, json_bytes, json_response
+from .api import ClientError, Response, StreamResponse, error_response, json_bytes
 from .upstream import MAX_UPSTREAM_BODY, UpstreamError, upstream_url
 
 _NUMBER = (int, float)
@@ -157,7 +159,39 @@ def _deepest_field(payload):
     return deepest
 
 
-# -- the answer -------------------------------------------------------------
+# -- the answer --------------------------------------------------------------
+
+class _Malformed(Exception):
+    """The upstream's answer is not the chat completion the translation reads; the message says where."""
+
+
+def _expect(value, types, where, expected, default=None):
+    if value is None:
+        return default
+    if isinstance(value, types) and not isinstance(value, bool):
+        return value
+    raise _Malformed(f"{where} is not {expected}")
+
+
+def _text(value, where):
+    """A message's or delta's content: a string, or (some providers) a list of text parts."""
+    if isinstance(value, list):
+        texts = []
+        for i, part in enumerate(value):
+            part = _expect(part, dict, f"{where}[{i}]", "an object", {})
+            if part.get("type", "text") == "text":
+                texts.append(_expect(part.get("text"), str, f"{where}[{i}].text", "a string", ""))
+        return "".join(texts)
+    return _expect(value, str, where, "a string", "")
+
+
+def _usage(value):
+    usage = _expect(value, dict, "usage", "an object")
+    if usage is None:
+        return None
+    return {name: _expect(usage.get(name), int, f"usage.{name}", "an integer", 0)
+            for name in ("prompt_tokens", "completion_tokens")}
+
 
 class _OllamaReply:
     """Builds Ollama reply objects for one call, chat or generate."""
@@ -194,16 +228,65 @@ class _OllamaReply:
         return obj
 
 
-def _openai_tool_calls_to_ollama(calls):
+def _reply_bytes(obj):
+    """One Ollama reply object encoded; _Malformed if the upstream's tool arguments nest too deeply."""
+    try:
+        return json_bytes(obj)
+    except RecursionError:
+        raise _Malformed("its tool call arguments are nested too deeply") from None
+
+
+def _openai_tool_calls_to_ollama(calls, where):
     out = []
-    for call in calls:
-        fn = call.get("function") or {}
-        try:
-            arguments = json.loads(fn.get("arguments") or "{}")
-        except ValueError:
-            arguments = {"_raw": fn.get("arguments")}
-        out.append({"function": {"name": fn.get("name", ""), "arguments": arguments}})
+    for i, call in enumerate(_expect(calls, list, where, "an array", [])):
+        call = _expect(call, dict, f"{where}[{i}]", "an object", {})
+        fn = _expect(call.get("function"), dict, f"{where}[{i}].function", "an object", {})
+        name = _expect(fn.get("name"), str, f"{where}[{i}].function.name", "a string", "")
+        arguments = fn.get("arguments")
+        if not isinstance(arguments, dict):  # a string of JSON, as chat completions send it
+            arguments = _expect(arguments, str, f"{where}[{i}].function.arguments", "a string", "") or "{}"
+            try:
+                parsed = json.loads(arguments)
+            except (ValueError, RecursionError):
+                parsed = None
+            arguments = parsed if isinstance(parsed, dict) else {"_raw": arguments}
+        out.append({"function": {"name": name, "arguments": arguments}})
     return out
+
+
+def _error_message(error):
+    """The text of an OpenAI-style ``error`` member (an object with a message, or a string); None if neither."""
+    if isinstance(error, dict):
+        error = error.get("message")
+    return error if isinstance(error, str) and error else None
+
+
+def _upstream_error_message(raw, status):
+    """What an upstream's error answer says: its error message, else its first 2000 characters."""
+    try:
+        answer = json.loads(raw)
+    except (ValueError, RecursionError):
+        answer = None
+    message = _error_message(answer.get("error")) if isinstance(answer, dict) else None
+    return message or raw.decode("utf-8", "replace")[:2000] or f"upstream status {status}"
+
+
+def _final_of_completion(answer, reply):
+    """The Ollama reply for a non-streamed chat completion; _Malformed if it is not one."""
+    if not isinstance(answer, dict):
+        raise _Malformed("it is not a JSON object")
+    if answer.get("error") is not None and not answer.get("choices"):
+        raise _Malformed("it is an error: " + (_error_message(answer["error"]) or "(no message)"))
+    choices = _expect(answer.get("choices"), list, "choices", "an array", [])
+    if not choices:
+        raise _Malformed("it has no choices")
+    choice = _expect(choices[0], dict, "choices[0]", "an object", {})
+    message = _expect(choice.get("message"), dict, "choices[0].message", "an object", {})
+    finish = _expect(choice.get("finish_reason"), str, "choices[0].finish_reason", "a string")
+    calls = _openai_tool_calls_to_ollama(message.get("tool_calls"), "choices[0].message.tool_calls")
+    final = reply.final(_text(message.get("content"), "choices[0].message.content"), finish,
+                        _usage(answer.get("usage")), calls)
+    return _reply_bytes(final)
 
 
 def translate_ollama_call(app, exchange):
@@ -216,69 +299,124 @@ def translate_ollama_call(app, exchange):
     reply = _OllamaReply(exchange.endpoint.name, exchange.model, app.clock)
     if upstream.status >= 400:
         raw = upstream.read_all(MAX_UPSTREAM_BODY)
-        try:
-            message = json.loads(raw)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = raw.decode("utf-8", "replace")[:2000] or f"upstream status {upstream.status}"
-        return error_response("ollama", upstream.status, message)
+        return error_response("ollama", upstream.status, _upstream_error_message(raw, upstream.status))
     extra = exchange.response_headers
     if not body["stream"]:
+        raw = upstream.read_all(MAX_UPSTREAM_BODY)
         try:
-            answer = json.loads(upstream.read_all(MAX_UPSTREAM_BODY))
-            choice = answer["choices"][0]
-            message = choice.get("message") or {}
-        except (ValueError, KeyError, IndexError, TypeError):
-            return error_response("ollama", 502, "upstream sent an unreadable chat completion")
-        final = reply.final(message.get("content") or "", choice.get("finish_reason"), answer.get("usage"),
-                            _openai_tool_calls_to_ollama(message.get("tool_calls") or []))
-        return json_response(200, final, extra)
+            final = _final_of_completion(json.loads(raw), reply)
+        except (ValueError, RecursionError):
+            return error_response("ollama", 502, "the upstream's answer was malformed: not JSON")
+        except _Malformed as exc:
+            return error_response("ollama", 502, f"the upstream's answer was malformed: {exc}")
+        return Response(200, [("Content-Type", "application/json")] + list(extra), final)
     headers_out = [("Content-Type", "application/x-ndjson"), ("Cache-Control", "no-cache"),
                    ("X-Accel-Buffering", "no")] + extra
     return StreamResponse(200, headers_out, _sse_to_ndjson(upstream, reply), upstream.close)
 
 
-def _iter_sse_data(upstream):
-    """The ``data:`` payloads of an SSE stream, one per event."""
-    pending = b""
+def _iter_sse_data(upstream, limit=MAX_UPSTREAM_BODY):
+    """The ``data:`` payloads of an SSE stream, one per event; _Malformed for an event over ``limit`` bytes.
+
+    An event is kept as the list of its reads and joined once it is whole,
+    and each read is searched once: one event of many MiB, which arrives in
+    hundreds of 64 KiB reads, costs time linear in its size.  CR and CRLF
+    line ends count as LF, also when a read ends between the CR and the LF.
+    An unfinished event at the end of the body is passed on all the same
+    (the JSON parser then judges it), so an upstream that leaves out the last
+    blank line loses nothing.
+    """
+    parts, size, cr = [], 0, False  # the unfinished event's pieces; whether the last read ended in a CR
     while True:
         chunk = upstream.read1()
         if not chunk:
+            if parts:
+                data = _event_data(b"".join(parts))
+                if data is not None:
+                    yield data
             return
-        pending += chunk.replace(b"\r\n", b"\n")
-        while b"\n\n" in pending:
-            event, pending = pending.split(b"\n\n", 1)
-            lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
-            if lines:
-                yield b"\n".join(lines)
+        if cr:
+            chunk = b"\r" + chunk
+        cr = chunk.endswith(b"\r")
+        if cr:
+            chunk = chunk[:-1]  # perhaps the first half of a CRLF: decided by the next read
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if not chunk:
+            continue
+        # A blank line split between two reads: the LF ending the last one counts again.
+        lead = b"\n" if parts and parts[-1].endswith(b"\n") else b""
+        events = (lead + chunk if lead else chunk).split(b"\n\n")
+        if len(events) == 1:
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise _Malformed(f"an event is larger than {limit} bytes")
+            continue
+        parts.append(events[0][len(lead):])
+        for event in [b"".join(parts)] + events[1:-1]:
+            data = _event_data(event)
+            if data is not None:
+                yield data
+        rest = events[-1]
+        parts, size = ([rest], len(rest)) if rest else ([], 0)
+
+
+def _event_data(event):
+    """The joined ``data:`` lines of one event, or None when it has none (a comment, a ping)."""
+    lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
 
 
 def _sse_to_ndjson(upstream, reply):
-    finish, usage, calls = None, None, {}
+    """Ollama NDJSON lines for a chat-completions SSE stream.
+
+    A failure after the first line is an ``{"error": ...}`` line that ends
+    the stream (all Ollama clients have to report it); the lines before it
+    are the ones already sent.
+    """
+    finish, usage, calls, done = None, None, {}, False
     try:
         for data in _iter_sse_data(upstream):
             if data == b"[DONE]":
+                done = True
                 break
             try:
                 chunk = json.loads(data)
-            except ValueError:
-                continue
-            if "error" in chunk:
-                message = (chunk["error"] or {}).get("message", "upstream error") \
-                    if isinstance(chunk["error"], dict) else str(chunk["error"])
-                yield json_bytes({"error": message}) + b"\n"
+            except (ValueError, RecursionError):
+                raise _Malformed("an event is not JSON") from None
+            if not isinstance(chunk, dict):
+                raise _Malformed("an event is not a JSON object")
+            if chunk.get("error") is not None:
+                yield json_bytes({"error": _error_message(chunk["error"]) or "upstream error"}) + b"\n"
                 return
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                finish = choice.get("finish_reason") or finish
-                for call in delta.get("tool_calls") or []:
-                    slot = calls.setdefault(call.get("index", 0), {"function": {"name": "", "arguments": ""}})
-                    fn = call.get("function") or {}
-                    slot["function"]["name"] += fn.get("name") or ""
-                    slot["function"]["arguments"] += fn.get("arguments") or ""
-                if delta.get("content"):
-                    yield json_bytes(reply.piece(delta["content"])) + b"\n"
-        tool_calls = _openai_tool_calls_to_ollama([calls[i] for i in sorted(calls)])
-        yield json_bytes(reply.final("", finish, usage, tool_calls)) + b"\n"
+            usage = _usage(chunk.get("usage")) or usage
+            for i, choice in enumerate(_expect(chunk.get("choices"), list, "choices", "an array", [])):
+                where = f"choices[{i}]"
+                choice = _expect(choice, dict, where, "an object", {})
+                delta = _expect(choice.get("delta"), dict, where + ".delta", "an object", {})
+                finish = _expect(choice.get("finish_reason"), str, where + ".finish_reason", "a string") or finish
+                for j, call in enumerate(_expect(delta.get("tool_calls"), list, where + ".delta.tool_calls",
+                                                 "an array", [])):
+                    at = f"{where}.delta.tool_calls[{j}]"
+                    call = _expect(call, dict, at, "an object", {})
+                    slot = calls.setdefault(_expect(call.get("index"), int, at + ".index", "an integer", 0),
+                                            ([], []))
+                    fn = _expect(call.get("function"), dict, at + ".function", "an object", {})
+                    # Pieces joined at the end: a call's arguments can come in thousands of deltas.
+                    slot[0].append(_expect(fn.get("name"), str, at + ".function.name", "a string", ""))
+                    slot[1].append(_expect(fn.get("arguments"), str, at + ".function.arguments", "a string", ""))
+                text = _text(delta.get("content"), where + ".delta.content")
+                if text:
+                    yield json_bytes(reply.piece(text)) + b"\n"
+        if not done and finish is None:
+            raise _Malformed("it ended without a finish_reason or [DONE]")
+        merged = [{"function": {"name": "".join(calls[i][0]), "arguments": "".join(calls[i][1])}}
+                  for i in sorted(calls)]
+        yield _reply_bytes(reply.final("", finish, usage, _openai_tool_calls_to_ollama(merged, "tool_calls"))) \
+            + b"\n"
     except UpstreamError as exc:
         yield json_bytes({"error": f"upstream failed mid-stream: {exc}"}) + b"\n"
+    except _Malformed as exc:
+        upstream.close()  # what follows a malformed event is not worth reading
+        yield json_bytes({"error": f"the upstream's stream was malformed: {exc}"}) + b"\n"
