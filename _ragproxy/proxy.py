@@ -542,26 +542,36 @@ def _relay_events(upstream, tracker, sse):
 
     Passing on only complete events costs no latency (a client can use nothing
     less) and means a failure report never lands inside a half-sent event.
+    An event that spans reads is kept as a list of them and joined once, and
+    each read is searched once: one event of many MiB (hundreds of reads)
+    costs time linear in its size, where adding every read to one buffer and
+    searching all of it again was quadratic.
     """
-    pending = b""
+    pending, tail = [], b""  # the reads since the last event's end (none holds one), and their last bytes
     feed = tracker.feed if tracker.watches else None
     try:
         while True:
             data = upstream.read1()
             if not data:
                 if pending:
-                    yield pending
+                    yield b"".join(pending)
                 return
+            cut = _last_event_end(data, sse, tail)
+            if not cut:
+                pending.append(data)
+                tail = (tail + data[-3:])[-3:]
+                continue
+            rest = data[cut:] if cut < len(data) else b""  # usually a read ends on an event's end: no copies
+            if rest:
+                data = data[:cut]
             if pending:
-                data, pending = pending + data, b""
-            cut = _last_event_end(data, sse)
-            if cut < len(data):  # usually a read ends on an event's end: no copies then
-                data, pending = data[:cut], data[cut:]
-            if data:
-                if feed is not None:
-                    feed(data)
-                tracker.last = data
-                yield data
+                pending.append(data)
+                data = b"".join(pending)
+            pending, tail = ([rest], rest[-3:]) if rest else ([], b"")
+            if feed is not None:
+                feed(data)
+            tracker.last = data
+            yield data
     except UpstreamError as exc:
         yield tracker.error_event(f"upstream failed mid-stream: {exc}")
 
@@ -588,11 +598,25 @@ def _hang_up(upstream, tracker, sse):
     upstream.close()
 
 
-def _last_event_end(buf, sse):
-    """Offset just past the last complete event in ``buf`` (0: none yet)."""
+def _last_event_end(buf, sse, before=b""):
+    """Offset just past the last complete event in ``buf`` (0: none yet).
+
+    ``before`` ends with the bytes not yet passed on that came just ahead of
+    ``buf`` (three are enough): an SSE blank line can be split between reads.
+    Only ``buf`` and the few bytes at the seam are searched, never what came
+    before again.
+    """
     if not sse:
         return buf.rfind(b"\n") + 1
     if buf.endswith(b"\n\n"):
         return len(buf)
     lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
-    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+    end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+    if before and end < 3:
+        tail = before[-3:]
+        seam = tail + buf[:3]
+        for mark in (b"\n\n", b"\r\n\r\n"):
+            at = seam.rfind(mark)
+            if at >= 0:
+                end = max(end, at + len(mark) - len(tail))
+    return end

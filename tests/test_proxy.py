@@ -5,6 +5,7 @@ records what reached it, so each test checks both ends.  The body edits
 themselves (with_model, with_edits) are test_jsonbody's.
 """
 import json
+import random
 
 import anthropic
 import openai
@@ -502,3 +503,65 @@ def test_ollama_client_without_a_key_is_told_both_ways_to_send_one(proxy):
     with pytest.raises(ollama.ResponseError) as info:
         ollama.Client(host=proxy.url + "/k/wrong-key").list()
     assert info.value.status_code == 401 and info.value.error == "invalid API key"
+
+
+# -- relaying one large event, and events split across reads ------------------------
+
+def _relayed(reads, sse, dialect="openai"):
+    from _ragproxy.api import StreamTracker
+    from _ragproxy.proxy import _relay_events
+    return list(_relay_events(reads, StreamTracker(dialect), sse))
+
+
+@pytest.mark.parametrize("sse,end", [(True, b"\n\n"), (True, b"\r\n\r\n"), (False, b"\n")])
+def test_one_big_event_is_relayed_in_time_linear_in_its_size(sse, end):
+    from test_ollama import Counted, counted_reads
+    event = b"data: " + b"x" * (2 * 1024 * 1024) + end
+    body = event + b"data: [DONE]" + end
+    Counted.seen = 0
+    pieces = _relayed(counted_reads(body, 16384), sse)  # 129 reads
+    assert b"".join(pieces) == body and all(piece.endswith(end) for piece in pieces)
+    # Adding each read to one buffer and searching it all again goes over about
+    # reads/2 times the event (64 here); each read searched once, a few times.
+    assert Counted.seen < 8 * len(body), Counted.seen / len(body)
+
+
+def _relayed_the_simple_way(reads, sse):
+    """What the relay yields, worked out as it was before it became linear: all that is
+    pending joined to each read, then cut after the last end found in the lot."""
+    out, pending = [], b""
+    for data in reads:
+        data, pending = pending + data, b""
+        if not sse:
+            cut = data.rfind(b"\n") + 1
+        else:
+            lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+            cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        data, pending = data[:cut], data[cut:]
+        if data:
+            out.append(data)
+    return out + [pending] if pending else out
+
+
+def test_relayed_pieces_are_whole_events_whatever_the_read_boundaries():
+    from test_ollama import Reads
+    rng = random.Random(14)
+    for _ in range(500):
+        sse = rng.random() < 0.7
+        end = rng.choice([b"\n\n", b"\r\n\r\n"]) if sse else b"\n"
+        body = b"".join(b"data: " + bytes(rng.choice(b"ab\r\n:") for _ in range(rng.randint(0, 8))) + end
+                        for _ in range(rng.randint(1, 6)))
+        cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(0, 15))))
+        reads = [body[a:b] for a, b in zip([0] + cuts, cuts + [len(body)])]
+        assert _relayed(Reads(reads), sse) == _relayed_the_simple_way(reads, sse), (body, reads)
+
+
+def test_a_16_mib_event_is_relayed_whole(proxy, fake):
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"0123456789abcdef" * (1024 * 1024) + b'"}}]}\n\n'
+    fake.fail_next(200, event + b"data: [DONE]\n\n", headers={"Content-Type": "text/event-stream"})
+    import urllib.request
+    req = urllib.request.Request(proxy.url + "/v1/chat/completions", method="POST", data=json.dumps(
+        {"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "big"}]}).encode(),
+        headers={"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.read() == event + b"data: [DONE]\n\n"
