@@ -64,6 +64,9 @@ def with_model(body, model, new_model):
 
 
 _JSON_SPACE = re.compile(r"[ \t\r\n]*")
+# A lone surrogate: a client can send one only as an escape ("\ud800"), which
+# json parses into a str that UTF-8 cannot encode.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _json_members(text, pos, expand=()):
@@ -113,8 +116,16 @@ def with_edits(body, payload, paths):
     the spans takes one more pass of json's C scanner, a fifth of what
     encoding a Claude Code body again costs (bench/request_body.py), and an
     injection changes one message or the system prompt of a body that is
-    mostly earlier turns and tool definitions.
+    mostly earlier turns and tool definitions.  A body nested so deeply that
+    json, which parsed it, cannot encode it again is a ClientError (400).
     """
+    try:
+        return _with_edits(body, payload, paths)
+    except RecursionError:  # nesting that json parsed with a few levels to spare, and cannot encode
+        raise ClientError(400, "request body is nested too deeply") from None
+
+
+def _with_edits(body, payload, paths):
     text = body.decode("utf-8")
     top = _json_members(text, _JSON_SPACE.match(text).end(), {path[0] for path in paths if len(path) > 1})
     if top is None:
@@ -150,4 +161,10 @@ def with_edits(body, payload, paths):
         pieces += (text[pos:start], new)
         pos = end
     pieces.append(text[pos:])
-    return "".join(pieces).encode("utf-8")
+    spliced = "".join(pieces)
+    try:
+        return spliced.encode("utf-8")
+    except UnicodeEncodeError:
+        # Only an encoded value can hold one (the body's own text was UTF-8), and
+        # there only inside a string: written as the escape again, it stays JSON.
+        return _LONE_SURROGATE.sub(lambda m: "\\u%04x" % ord(m.group()), spliced).encode("utf-8")

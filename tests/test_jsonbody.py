@@ -8,6 +8,7 @@ is test_proxy's.
 import pytest
 
 from _ragproxy import jsonbody
+from _ragproxy.api import ClientError
 
 
 def test_with_model_replaces_only_a_leading_model_of_the_parsed_value():
@@ -41,3 +42,27 @@ def test_with_edits_re_encodes_only_the_paths_named():
 ])
 def test_with_edits_declines_what_it_cannot_place(body, payload, paths):
     assert jsonbody.with_edits(body, payload, paths) is None
+
+
+def test_with_edits_writes_a_lone_surrogate_as_the_escape_it_came_as():
+    body = b'{"a": "\\udfff kept as sent", "messages": [{"t": "caf\\u00e9 \\ud800"}, 1]}'
+    payload = jsonbody.json_object_of(body)
+    payload["messages"][0]["t"] += " \u00e9"
+    sent = jsonbody.with_edits(body, payload, [("messages", 0)])
+    assert sent == '{"a": "\\udfff kept as sent", "messages": [{"t":"caf\u00e9 \\ud800 \u00e9"}, 1]}'.encode()
+    assert jsonbody.json_object_of(sent) == payload
+    payload["system"] = "\udc80"  # a new member too
+    assert jsonbody.json_object_of(jsonbody.with_edits(body, payload, [("messages", 0), ("system",)])) == payload
+
+
+def test_with_edits_of_a_body_too_deep_to_encode_again_is_a_400():
+    # The parser ran at a shallower stack than the encoder will, and accepted it.
+    depth = 10 ** 5
+    payload = {"messages": [{"x": None}]}
+    node = payload["messages"][0]
+    for _ in range(depth):
+        node["x"] = {"x": None}
+        node = node["x"]
+    with pytest.raises(ClientError) as caught:
+        jsonbody.with_edits(b'{"messages": [{"x": null}]}', payload, [("messages", 0)])
+    assert caught.value.status == 400 and "nested too deeply" in caught.value.message
