@@ -17,6 +17,7 @@ import array
 import base64
 import collections
 import contextlib
+import contextvars
 import datetime
 import email.utils
 import hashlib
@@ -254,11 +255,53 @@ def _service_headers(provider, body_length):
     return headers
 
 
+class Deadline:
+    """A time by which work must be done, ``seconds`` from now on ``clock``'s scale."""
+
+    def __init__(self, seconds, clock=time.monotonic):
+        self._clock = clock
+        self.seconds = seconds
+        self.at = clock() + seconds
+
+    def remaining(self):
+        return self.at - self._clock()
+
+
+# The deadline of the calls made in this context.  A context variable rather
+# than an argument: the query embedding is asked for inside kb.search, which
+# has no business with time limits; and no thread per request is needed to
+# enforce one, since each call's socket timeouts are cut to what is left.
+_DEADLINE = contextvars.ContextVar("ragproxy_deadline", default=None)
+
+
+@contextlib.contextmanager
+def time_limit(limit):
+    """Within the block, embedding and rerank calls end by ``limit`` (a Deadline, or
+    None for no limit): their connect and read timeouts are at most what is left,
+    and a call with nothing left fails at once, as a timeout, without being sent."""
+    token = _DEADLINE.set(limit)
+    try:
+        yield limit
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _timeouts(provider):
+    limit = _DEADLINE.get()
+    if limit is None:
+        return provider.connect_timeout, provider.read_timeout
+    left = limit.remaining()
+    if left <= 0:
+        raise UpstreamError("timeout", f"not sent: the time limit of {limit.seconds:g} s is spent")
+    return min(provider.connect_timeout, left), min(provider.read_timeout, left)
+
+
 def _post_json(pool, provider, url, payload, limit):
     """(status, response headers object, body bytes); raises UpstreamError."""
     body = _service_json_bytes(payload)
+    connect_timeout, read_timeout = _timeouts(provider)
     resp = pool.request("POST", url, _service_headers(provider, len(body)), body,
-                        provider.connect_timeout, provider.read_timeout, provider.tls)
+                        connect_timeout, read_timeout, provider.tls)
     try:
         return resp.status, resp, resp.read_all(limit)
     finally:
@@ -557,7 +600,9 @@ class EmbeddingClient:
                 self._cache_store(batch, rows)
 
         workers = min(self.max_concurrency, len(pending))
-        threads = [threading.Thread(target=work, name="ragproxy-embed", daemon=True) for _ in range(workers - 1)]
+        # Each worker runs in a copy of this context: a deadline set around embed() holds there too.
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(work,), name="ragproxy-embed",
+                                    daemon=True) for _ in range(workers - 1)]
         for thread in threads:
             thread.start()
         work()

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import ragproxy
-from _ragproxy import deps
+from _ragproxy import deps, embeddings
 from fake_upstream import OPENAI_RATE_LIMIT_BODY, embed_text
 
 
@@ -503,3 +503,51 @@ def test_rerank_wrong_provider_type_is_refused(pool):
     with pytest.raises(ragproxy.RerankError) as caught:
         ragproxy.RerankClient(provider, pool)
     assert caught.value.permanent and "tei" in str(caught.value)
+
+
+# --- a time limit on the calls of one retrieval ----------------------------------
+
+class TimeoutsPool:
+    """Passes each request on to a real pool, noting the timeouts it was given."""
+
+    def __init__(self, pool):
+        self.pool, self.timeouts = pool, []
+
+    def request(self, method, url, headers, body, connect_timeout, read_timeout, tls=None):
+        self.timeouts.append((connect_timeout, read_timeout))
+        return self.pool.request(method, url, headers, body, connect_timeout, read_timeout, tls)
+
+
+def test_a_time_limit_caps_each_calls_timeouts_in_every_worker(fake, pool):
+    clock = FakeClock()
+    spy = TimeoutsPool(pool)
+    client = embedder(fake, pool=spy, read_timeout=600.0, batch_size=1, max_concurrency=3)
+    fake.delay = 0.05  # long enough that every worker takes a batch
+    with embeddings.time_limit(embeddings.Deadline(1.5, clock)):
+        client.embed(["one", "two", "three", "four", "five", "six"])
+        reranker(fake, "openai", spy, read_timeout=600.0).rerank(QUERY, DOCS)
+    assert spy.timeouts == [(1.5, 1.5)] * 7   # the limit was under both provider timeouts
+    fake.delay = 0.0
+    client.embed(["seven"])
+    assert spy.timeouts[-1] == (2.0, 600.0)  # outside the block: the provider's own
+
+
+def test_a_spent_time_limit_sends_nothing_and_is_a_transient_failure(fake, pool):
+    clock = FakeClock()
+    limit = embeddings.Deadline(0.3, clock)
+    clock.advance(0.3)
+    with embeddings.time_limit(limit):
+        with pytest.raises(ragproxy.EmbeddingTransient) as caught:
+            embedder(fake, pool=pool).embed_query("what does the elephant do")
+        with pytest.raises(ragproxy.RerankError) as rerank:
+            reranker(fake, "tei", pool).rerank(QUERY, DOCS)
+    assert "time limit of 0.3 s" in str(caught.value) and rerank.value.permanent is False
+    assert fake.requests == []
+
+
+def test_a_time_limit_ends_a_call_to_a_server_that_does_not_answer(fake, pool):
+    fake.delay = 30.0  # the fake gives up waiting as soon as the client leaves
+    with embeddings.time_limit(embeddings.Deadline(0.2)):
+        with pytest.raises(ragproxy.EmbeddingTransient) as caught:
+            embedder(fake, pool=pool, read_timeout=600.0).embed(["x"])
+    assert "did not answer" in str(caught.value)
