@@ -1,8 +1,10 @@
 """Where the question is and where retrieved context goes, in each request format.
 
-Pure functions over parsed JSON bodies: extract_query, turn_key,
-render_context (with estimate_tokens_text), inject.  Retrieval itself
-happens in ``retrieval``.
+Pure functions over parsed JSON bodies: extract_query (and question_text),
+turn_key and continues_turn, render_context (render_chunks, fill_template,
+estimate_tokens_text), inject.  Retrieval itself happens in ``retrieval``.
+Every field of a body comes from a client and may have any JSON type: a
+reader that meets a list where a string belongs skips it, never fails.
 
 A "human turn" is a user message with text a person typed: tool results
 (OpenAI role "tool", Anthropic tool_result blocks, Responses *_output items)
@@ -107,10 +109,17 @@ def _content_parts(content):
     return content if isinstance(content, list) else []
 
 
+def _part_type(part):
+    """A dict part's ``type`` if it is a string, else None.  Every field comes from the
+    client: a list or object where a string belongs must not reach a set lookup."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def _part_text(part):
     if isinstance(part, str):
         return part
-    if isinstance(part, dict) and part.get("type") in _TEXT_PART_TYPES and isinstance(part.get("text"), str):
+    if _part_type(part) in _TEXT_PART_TYPES and isinstance(part.get("text"), str):
         return part["text"]
     return None
 
@@ -120,7 +129,7 @@ def _part_kind(part):
     text = _part_text(part)
     if text is not None:
         return "human" if _strip_harness(text).strip() else "harness"
-    if isinstance(part, dict) and part.get("type") in _TOOL_PART_TYPES:
+    if _part_type(part) in _TOOL_PART_TYPES:
         return "tool"
     return "other"
 
@@ -144,19 +153,24 @@ def _human_text(content):
 
 
 def _all_text(value):
-    """Every text in an entry, tool results and outputs included."""
-    if isinstance(value, str):
-        return _strip_harness(value).strip()
-    texts = []
-    if isinstance(value, list):
-        texts = [_all_text(v) for v in value]
-    elif isinstance(value, dict):
-        text = _part_text(value)
-        if text is not None:
-            texts = [_strip_harness(text).strip()]
-        else:
-            texts = [_all_text(value[k]) for k in ("content", "output") if k in value]
-    return "\n\n".join(t for t in texts if t)
+    """Every text in an entry, tool results and outputs included, in order.
+
+    A loop, not recursion: how deep a client nests its JSON is not for it to
+    decide how deep Python's stack goes.
+    """
+    texts, todo = [], [value]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            text = _part_text(value)
+            value = text if text is not None else [value[k] for k in ("content", "output") if k in value]
+        if isinstance(value, str):
+            text = _strip_harness(value).strip()
+            if text:
+                texts.append(text)
+        elif isinstance(value, list):
+            todo.extend(reversed(value))
+    return "\n\n".join(texts)
 
 
 # -- query ---------------------------------------------------------------------
@@ -185,6 +199,12 @@ def extract_query(endpoint, payload, source="last_user", max_bytes=4000):
         i = _last_human(fmt, seq)
         text = "" if i is None else _human_text(seq[i].get("content"))
     return _cap_ends(text, max_bytes)
+
+
+def question_text(endpoint, payload):
+    """The person's words in the last human turn, whole: what ``{query}`` stands for
+    where the rendered template takes their place (inject's ``replaces_question``)."""
+    return extract_query(endpoint, payload, "last_user", None)
 
 
 def _utf8_head(b, n):
@@ -268,16 +288,55 @@ def turn_key(endpoint, payload):
     return digest.hexdigest()
 
 
+_MODEL_ROLES = frozenset(("assistant", "tool", "function"))
+
+
+def continues_turn(endpoint, payload):
+    """Whether the request goes on past its last human turn with the model's own turns:
+    an assistant message, a tool result message or (Responses) a non-message item such
+    as function_call_output.
+
+    Only such a request is a later round of an agent loop, one whose human turn
+    was already answered (and given context) at least once.  A request that ends
+    in the human turn, or in harness text after it, starts the turn: a new chat
+    that asks an old question, or a retry.
+    """
+    view = _conversation(endpoint, payload)
+    if view is None or isinstance(view[1], str):
+        return False
+    fmt, seq = view
+    i = _last_human(fmt, seq)
+    if i is None:
+        return False
+    for item in seq[i + 1:]:
+        kind = item.get("type", "message") if fmt.typed_items and isinstance(item, dict) else "message"
+        if isinstance(kind, str) and kind != "message":
+            return True
+        if _entry_role(fmt, item) in _MODEL_ROLES:
+            return True
+    return False
+
+
 def _turn_json(value):
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def _without_cache_control(value):
-    if isinstance(value, dict):
-        return {k: _without_cache_control(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [_without_cache_control(v) for v in value]
-    return value
+    """A copy of ``value`` without "cache_control" keys at any depth (a loop: see _all_text)."""
+    def copy(v):
+        if isinstance(v, dict):
+            return {k: x for k, x in v.items() if k != "cache_control"}
+        return list(v) if isinstance(v, list) else v
+
+    top = copy(value)
+    todo = [top]
+    while todo:
+        node = todo.pop()
+        for k, v in (node.items() if isinstance(node, dict) else enumerate(node)):
+            if isinstance(v, (dict, list)):
+                node[k] = v = copy(v)
+                todo.append(v)
+    return top
 
 
 # -- rendering -----------------------------------------------------------------
@@ -375,11 +434,19 @@ def render_context(chunks, template, chunk_template, max_tokens, query="", count
     taken until the next would push the whole text past ``max_tokens``; a
     first chunk too large on its own is cut at a line boundary and marked, and
     appears in ``used`` as a copy with ``truncated: True``.  ("", []) when
-    nothing fits.
+    nothing fits.  The same as fill_template over render_chunks, with the
+    template's own cost taken from the budget.
     """
     if not chunks or max_tokens <= 0:
         return "", []
-    budget = max_tokens - count_tokens(_fill_template(template, {"context": "", "query": query}))
+    budget = max_tokens - count_tokens(fill_template(template, "", query))
+    context, used = render_chunks(chunks, chunk_template, budget, count_tokens)
+    return (fill_template(template, context, query), used) if used else ("", [])
+
+
+def render_chunks(chunks, chunk_template, budget, count_tokens=estimate_tokens_text):
+    """(context, used): ``chunks`` rendered with ``chunk_template`` and joined, within
+    ``budget`` tokens (see render_context); ("", []) when nothing fits."""
     pieces, used = [], []
     for index, chunk in enumerate(chunks, 1):
         piece = _fill_template(chunk_template, _chunk_values(chunk, index))
@@ -394,9 +461,17 @@ def render_context(chunks, template, chunk_template, max_tokens, query="", count
         pieces.append(piece)
         used.append(chunk)
         budget -= cost
-    if not pieces:
-        return "", []
-    return _fill_template(template, {"context": _CHUNK_SEPARATOR.join(pieces), "query": query}), used
+    return _CHUNK_SEPARATOR.join(pieces), used
+
+
+def fill_template(template, context, query):
+    """An inject_template with its ``{context}`` and ``{query}`` filled in."""
+    return _fill_template(template, {"context": context, "query": query})
+
+
+def uses_query(template):
+    """Whether ``template`` has a ``{query}`` placeholder (``{{query}}`` is literal text)."""
+    return any(m.group(1) == "query" for m in _TEMPLATE_FIELD_RE.finditer(template))
 
 
 def _truncate_chunk(chunk, chunk_template, budget, count_tokens):
@@ -434,7 +509,7 @@ def _largest_fitting(hi, ok):
 
 # -- injection -----------------------------------------------------------------
 
-def inject(endpoint, payload, text, mode="before_last_user"):
+def inject(endpoint, payload, text, mode="before_last_user", replaces_question=False):
     """Put ``text`` into ``payload`` (changed in place); the paths it changed, () if none.
 
     A path is a top-level key, ``("system",)``, whose value changed or is new,
@@ -442,10 +517,21 @@ def inject(endpoint, payload, text, mode="before_last_user"):
     it stood (the list kept its length).  The proxy re-encodes only what the
     paths name and passes every other byte of the body on as sent.
 
+    ``replaces_question``: ``text`` already holds the person's words of the
+    last human turn (an inject_template with ``{query}``, filled with
+    question_text).  In the user-turn modes it then takes their place, so the
+    question is sent once: before_last_user puts it where the words were,
+    new_message moves the words out of the human message into the new one
+    (and the new one takes the human message's place when nothing else is left
+    in it).  Harness text, tool results and images stay where they were.  The
+    system modes ignore it: there the question stays in its turn.
+
     Nothing is injected into a request with no human turn, for any mode, nor
     into an Ollama ``raw`` prompt (already templated; Ollama ignores ``system``
-    then).  Where a request has no message list (Ollama generate, a Responses
-    string input) new_message prefixes the prompt like before_last_user.
+    then), nor into a system prompt of a type no API accepts (the upstream
+    answers that request).  Where a request has no message list (Ollama
+    generate, a Responses string input) new_message prefixes the prompt like
+    before_last_user.
     """
     if mode not in INJECT_MODES:
         raise ValueError("inject mode must be one of %s, got %r" % (", ".join(INJECT_MODES), mode))
@@ -453,39 +539,81 @@ def inject(endpoint, payload, text, mode="before_last_user"):
     if view is None or not text or (endpoint == "ollama_generate" and payload.get("raw")):
         return ()
     fmt, seq = view
+    replace = replaces_question and mode in _USER_TURN_MODES
     if isinstance(seq, str):
         if not _strip_harness(seq).strip():
             return ()
-        if mode in ("before_last_user", "new_message"):
-            payload[fmt.turns] = _prefix_string(seq, text)
+        if mode in _USER_TURN_MODES:
+            payload[fmt.turns] = _prefix_string(seq, text, replace)
             return ((fmt.turns,),)
-        return (_add_system(fmt, payload, text, mode == "system_prepend"),)
+        return _add_system(fmt, payload, text, mode == "system_prepend")
     i = _last_human(fmt, seq)
     if i is None:
         return ()
     if mode == "before_last_user":
-        _prefix_content(fmt, seq[i], text)
+        _prefix_content(fmt, seq[i], text, replace)
         return ((fmt.turns, i),)
     if mode == "new_message":
+        message = seq[i]
+        if replace:
+            rest = _without_question(message["content"])
+            if not rest:  # the question was all there was: the context message takes its place
+                _prefix_content(fmt, message, text, True)
+                return ((fmt.turns, i),)
+            message["content"] = rest
         seq.insert(i, _context_message(fmt, text))
         return ((fmt.turns,),)
-    return (_add_system(fmt, payload, text, mode == "system_prepend"),)
+    return _add_system(fmt, payload, text, mode == "system_prepend")
 
 
-def _prefix_string(s, text):
-    """``text`` before the person's words in ``s``, after any leading harness text."""
+_USER_TURN_MODES = ("before_last_user", "new_message")
+
+
+def _harness_spans(s):
+    return [m.group(0) for m in _HARNESS_RE.finditer(s)] if "<" in s else []
+
+
+def _prefix_string(s, text, replace=False):
+    """``text`` before the person's words in ``s``, after any leading harness text;
+    with ``replace``, instead of the words (harness text later in ``s`` is kept after it)."""
     pos = _LEADING_HARNESS_RE.match(s).end()
     lead = s[:pos] + ("\n" if pos and not s[:pos].endswith("\n") else "")
-    return lead + text + "\n\n" + s[pos:]
+    if not replace:
+        return lead + text + "\n\n" + s[pos:]
+    later = _harness_spans(s[pos:])
+    return lead + text + ("\n\n" + "\n".join(later) if later else "")
 
 
-def _prefix_content(fmt, message, text):
+def _prefix_content(fmt, message, text, replace=False):
     content = message["content"]
     if isinstance(content, str):
-        message["content"] = _prefix_string(content, text)
+        message["content"] = _prefix_string(content, text, replace)
         return
     at = next(i for i, p in enumerate(content) if _part_kind(p) not in ("harness", "tool"))
-    content.insert(at, {"type": fmt.text_type, "text": text})
+    part = {"type": fmt.text_type, "text": text}
+    if replace:
+        words = [p for p in content[at:] if _part_kind(p) == "human"]
+        if isinstance(words[-1], dict):  # its other keys (cache_control) go on with the text
+            part = {**words[-1], "type": fmt.text_type, "text": text}
+        content[at:] = [part] + _without_question(content[at:])
+    else:
+        content.insert(at, part)
+
+
+def _without_question(content):
+    """``content`` (a str or a part list) without the person's words: harness text
+    inside them stays, as do tool results, images and other parts."""
+    if isinstance(content, str):
+        return "\n".join(_harness_spans(content))
+    out = []
+    for part in content:
+        if _part_kind(part) != "human":
+            out.append(part)
+            continue
+        kept = "\n".join(_harness_spans(_part_text(part)))
+        if kept:
+            out.append(kept if isinstance(part, str) else {**part, "text": kept})
+    return out
 
 
 def _context_message(fmt, text):
@@ -495,15 +623,18 @@ def _context_message(fmt, text):
 
 
 def _add_system(fmt, payload, text, prepend):
-    """Add ``text`` to the system prompt; the path changed (see inject)."""
+    """Add ``text`` to the system prompt; the paths changed (see inject)."""
     if fmt.system == "message":
         messages = payload[fmt.turns]
         for i, message in enumerate(messages):
             if isinstance(message, dict) and message.get("role") in ("system", "developer"):
-                message["content"] = _with_text(message.get("content"), text, prepend, fmt.text_type)
-                return (fmt.turns, i)
+                content = _with_text(message.get("content"), text, prepend, fmt.text_type)
+                if content is None:
+                    return ()
+                message["content"] = content
+                return ((fmt.turns, i),)
         messages.insert(0, {"role": "system", "content": text})
-        return (fmt.turns,)
+        return ((fmt.turns,),)
     current = payload.get(fmt.system)
     if isinstance(current, list) and current:
         block = {"type": fmt.text_type, "text": text}
@@ -512,8 +643,11 @@ def _add_system(fmt, payload, text, prepend):
         else:
             current.append(block)
     else:
-        payload[fmt.system] = _with_text(current, text, prepend, fmt.text_type)
-    return (fmt.system,)
+        current = _with_text(current, text, prepend, fmt.text_type)
+        if current is None:
+            return ()
+        payload[fmt.system] = current
+    return ((fmt.system,),)
 
 
 def _with_text(content, text, prepend, part_type):
@@ -526,4 +660,6 @@ def _with_text(content, text, prepend, part_type):
         return content
     if isinstance(content, str) and content:
         return text + "\n\n" + content if prepend else content + "\n\n" + text
-    return text
+    if content in (None, "", []):
+        return text
+    return None  # a number, an object: not a prompt to add to

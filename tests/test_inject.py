@@ -5,11 +5,14 @@ and Ollama clients send (docs/clients.md in the shared notes).
 """
 import copy
 import json
+import random
 
 import pytest
 
 import ragproxy
 from _ragproxy import jsonbody
+from _ragproxy.api import ClientError
+from _ragproxy.inject import continues_turn, fill_template, question_text, render_chunks, uses_query
 
 CONTEXT = "Reference material.\n<context>\n[1] docs/retry.md (abc123)\nUse Retry(total=3).\n</context>\n"
 REMINDER = ("<system-reminder>\nAs you answer the user's questions, you can use the following context:\n"
@@ -257,6 +260,33 @@ def test_turn_key_none_without_a_human_turn():
     assert ragproxy.turn_key("completions", {"prompt": "x"}) is None
     assert ragproxy.turn_key("ollama_generate", {"prompt": "x"}) != ragproxy.turn_key("ollama_generate",
                                                                                         {"prompt": "y"})
+
+
+
+# -- continues_turn ------------------------------------------------------------
+
+@pytest.mark.parametrize("endpoint", sorted(LOOPS))
+def test_only_the_rounds_after_the_first_continue_a_turn(endpoint):
+    build, field = LOOPS[endpoint]
+    if endpoint == "messages":
+        build = lambda r: claude_code_request(r, volatile=False)  # noqa: E731
+    assert [continues_turn(endpoint, build(r)) for r in range(3)] == [False, True, True]
+    later = build(2)
+    later[field].append({"role": "user", "content": "a new question"} if endpoint != "responses" else
+                        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "new"}]})
+    assert not continues_turn(endpoint, later)  # a new human turn starts
+
+
+def test_harness_text_after_the_turn_and_prompts_do_not_continue_it():
+    body = codex_request(0)
+    body["input"] += [{"type": "message", "role": "user", "content": [
+        {"type": "input_image", "image_url": "data:image/png;base64,iVBO"}]}, "junk", {"type": ["x"]}]
+    assert not continues_turn("responses", body)
+    assert not continues_turn("chat", aider_request())
+    assert not continues_turn("responses", {"input": "Summarise README.md"})
+    assert not continues_turn("ollama_generate", {"prompt": "why"})
+    assert not continues_turn("chat", {"messages": [{"role": "assistant", "content": "only me"}]})
+    assert continues_turn("chat", {"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "x"}]})
 
 
 # -- render_context ------------------------------------------------------------
@@ -528,14 +558,15 @@ PATH_CASES = [(endpoint, build(rounds)) for endpoint, (build, _) in LOOPS.items(
 ]
 
 
+@pytest.mark.parametrize("replace", [False, True])
 @pytest.mark.parametrize("mode", ragproxy.INJECT_MODES)
 @pytest.mark.parametrize("endpoint,body", PATH_CASES)
-def test_inject_names_every_path_it_changed(endpoint, body, mode):
+def test_inject_names_every_path_it_changed(endpoint, body, mode, replace):
     """Re-encoding only the reported paths gives the injected payload, and every other
     top-level value and list entry keeps the client's bytes."""
     raw = spaced(body)
     payload = jsonbody.json_object_of(raw)
-    paths = ragproxy.inject(endpoint, payload, CONTEXT, mode)
+    paths = ragproxy.inject(endpoint, payload, CONTEXT, mode, replace)
     assert paths
     sent = jsonbody.with_edits(raw, payload, paths)
     assert json.loads(sent) == payload
@@ -593,3 +624,194 @@ def test_claude_code_loop_with_moving_cache_control_and_billing_header(mode):
         assert later["system"][0]["text"].startswith("x-anthropic-billing-header:")
         assert [b.get("cache_control") for b in later["system"]] == \
                [b.get("cache_control") for b in earlier["system"]]
+
+
+# -- {query}: the rendered template in place of the person's words ---------------------
+
+def in_place(endpoint, body, mode="before_last_user"):
+    """Inject a template holding the question; returns the rendered text."""
+    text = "CTX\nUser content: " + question_text(endpoint, body)
+    assert ragproxy.inject(endpoint, body, text, mode, replaces_question=True)
+    return text
+
+
+def test_uses_query_and_question_text():
+    assert uses_query("a {context} b {query}") and not uses_query("{context} {{query}}")
+    assert question_text("messages", claude_code_request(2)) == CC_PROMPT
+    long = "word " * 2000  # never capped: it replaces the words, all of them
+    assert question_text("chat", {"messages": [{"role": "user", "content": long}]}) == long.strip()
+    chunks = [{"id": "a", "source": "s", "content": "alpha"}, {"id": "b", "source": "s", "content": "beta"}]
+    context, used = render_chunks(chunks, "{content}", 100)
+    assert ragproxy.render_context(chunks, "<c>{context}</c> {query}", "{content}", 100, "q") == \
+        (fill_template("<c>{context}</c> {query}", context, "q"), used)
+
+
+def test_query_in_place_before_last_user_in_every_shape():
+    body = claude_code_request(0)
+    body["messages"][0]["content"][1]["cache_control"] = {"type": "ephemeral"}
+    text = in_place("messages", body)
+    assert body["messages"][0]["content"] == [{"type": "text", "text": REMINDER},
+                                              {"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}]
+    late = "<system-reminder>late</system-reminder>"
+    body = {"messages": [{"role": "user", "content": REMINDER + "fix it " + late}]}
+    text = in_place("messages", body)
+    assert text.endswith("User content: fix it") and body["messages"][0]["content"] == REMINDER + text + "\n\n" + late
+    body = {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"},
+                                                      {"type": "text", "text": "and the tests " + late}]}]}
+    text = in_place("messages", body)
+    assert body["messages"][0]["content"] == [{"type": "tool_result", "tool_use_id": "t", "content": "ok"},
+                                              {"type": "text", "text": text}, {"type": "text", "text": late}]
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}},
+                                                      {"type": "text", "text": "what is"}, "this"]}]}
+    text = in_place("chat", body)
+    assert text.endswith("what is\n\nthis")
+    assert body["messages"][0]["content"] == [{"type": "text", "text": text},
+                                              {"type": "image_url", "image_url": {"url": "data:,"}}]
+    body = codex_request(1)
+    text = in_place("responses", body)
+    assert body["input"][3]["content"] == [{"type": "input_text", "text": text}]
+    for endpoint, body, field in [("responses", {"input": "Summarise README.md"}, "input"),
+                                  ("ollama_generate", {"prompt": "why", "system": "s"}, "prompt")]:
+        text = in_place(endpoint, body)
+        assert body[field] == text
+    body = {"messages": [{"role": "user", "content": "hi", "images": ["iVBO"]}]}
+    assert body["messages"] == [{"role": "user", "content": in_place("ollama_chat", body), "images": ["iVBO"]}]
+
+
+def test_query_in_place_new_message():
+    body = aider_request()
+    text = in_place("chat", body, "new_message")
+    assert body["messages"][:-1] == aider_request()["messages"][:-1]  # nothing was left: it took its place
+    assert body["messages"][-1] == {"role": "user", "content": text}
+    body = claude_code_request(1, volatile=False)
+    text = in_place("messages", body, "new_message")
+    assert body["messages"][0] == {"role": "user", "content": text}
+    assert body["messages"][1]["content"] == [{"type": "text", "text": REMINDER}]  # the harness stays
+    body = codex_request(0)
+    text = in_place("responses", body, "new_message")
+    assert body["input"][3] == {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    assert len(body["input"]) == 4
+
+
+@pytest.mark.parametrize("mode", ["system_prepend", "system_append"])
+def test_query_in_the_system_modes_is_only_text(mode):
+    body = aider_request()
+    ragproxy.inject("chat", body, "CTX " + question_text("chat", body), mode, replaces_question=True)
+    assert body["messages"][-1] == aider_request()["messages"][-1]  # the question stays in its turn
+    assert question_text("chat", body) in body["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("mode", ["before_last_user", "new_message"])
+@pytest.mark.parametrize("endpoint", sorted(LOOPS))
+def test_agent_loop_with_the_query_in_place_keeps_a_byte_identical_prefix(endpoint, mode):
+    build, field = LOOPS[endpoint]
+    if endpoint == "messages":
+        build = lambda r: claude_code_request(r, volatile=False)  # noqa: E731
+    question = question_text(endpoint, build(0))
+    requests = [build(r) for r in range(3)]
+    for request in requests:
+        in_place(endpoint, request, mode)
+    for earlier, later in zip(requests, requests[1:]):
+        assert dumps(later[field][:len(earlier[field])]) == dumps(earlier[field])
+        assert dumps(later).count(json.dumps(question)[1:-1]) == 1
+
+
+# -- wrong types: skipped, never an exception ------------------------------------------
+
+@pytest.mark.parametrize("endpoint,body", [
+    ("chat", {"messages": [{"role": "user", "content": [{"type": [], "text": "hi"}, {"type": {}, "text": "q"},
+                                                        {"type": "text", "text": ["q"]}, None, 5, [], "real"]}]}),
+    ("messages", {"system": 5, "messages": [{"role": "user", "content": [{"type": ["text"], "text": "q"}, "real"]}]}),
+    ("messages", {"system": {"text": "s"}, "messages": [{"role": [], "content": "x"}, {"role": "user",
+                                                                                      "content": "real"}]}),
+    ("responses", {"instructions": 7, "input": [{"type": [], "role": "user", "content": "x"},
+                                                {"role": "user", "content": [{"type": None}, "real"]}]}),
+    ("chat", {"messages": [{"role": "system", "content": 3}, {"role": "user", "content": {"text": "x"}},
+                           {"role": "user", "content": "real"}]}),
+])
+def test_wrong_types_in_a_body_are_skipped(endpoint, body):
+    assert ragproxy.extract_query(endpoint, body) == "real"
+    for mode in ragproxy.INJECT_MODES:
+        payload = copy.deepcopy(body)
+        paths = ragproxy.inject(endpoint, payload, "CTX", mode)
+        if mode.startswith("system") and paths == ():  # a system prompt no API accepts: left to the upstream
+            assert payload == body
+        else:
+            assert "CTX" in json.dumps(payload)
+
+
+def test_deep_nesting_that_json_accepts_is_read_without_recursion():
+    deep = json.loads('{"type": "x", "cache_control": 1, "content": ' * 480 + '"deep text"' + "}" * 480)
+    body = {"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": [deep]}]}
+    assert ragproxy.extract_query("chat", body, "last_message") == "deep text"
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}, deep]}]}
+    assert ragproxy.turn_key("chat", body)
+
+
+# -- fuzz: mutated bodies of every format -------------------------------------------------
+
+_ODD_VALUES = [None, True, 0, -1.5, "", "x", "\ud800", [], {}, [None], [[]], [{}], {"type": []}, {"type": {}},
+               {"type": "text"}, {"type": "text", "text": []}, {"type": "text", "text": None},
+               {"type": "text", "text": "<system-reminder>r</system-reminder>"}, {"type": "tool_result"},
+               {"type": "input_text", "text": "words \ud800"}, {"role": "user"}, {"role": "user", "content": 5},
+               {"role": "assistant", "content": [1]}, {"type": "function_call_output", "output": [{}]},
+               {"type": "message", "role": "user", "content": [{"type": ["input_text"], "text": "t"}]},
+               "<system-reminder>unclosed", {"cache_control": []}]
+
+
+def _containers(value, path=()):
+    yield path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in list(items):
+        yield from _containers(child, path + (key,))
+
+
+def _mutate(body, rng):
+    body = copy.deepcopy(body)
+    for _ in range(rng.randint(1, 4)):
+        spots = [(path, value) for path, value in _containers(body) if isinstance(value, (dict, list))]
+        path, node = rng.choice(spots)
+        odd = copy.deepcopy(rng.choice(_ODD_VALUES))
+        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+        action = rng.random()
+        if keys and action < 0.6:
+            node[rng.choice(keys)] = odd
+        elif keys and action < 0.75:
+            del node[rng.choice(keys)]
+        elif isinstance(node, list):
+            node.insert(rng.randint(0, len(node)), odd)
+        else:
+            node[rng.choice(["type", "text", "role", "content", "system", "instructions", "input", "messages",
+                             "prompt", "raw", "output"])] = odd
+    return body
+
+
+_FUZZ_BODIES = [("messages", claude_code_request(2)), ("responses", codex_request(2)), ("chat", chat_request(2)),
+                ("chat", aider_request()), ("ollama_chat", chat_request(1)),
+                ("ollama_generate", {"model": "m", "prompt": REMINDER + "why", "system": "sys"}),
+                ("responses", {"model": "m", "input": "Summarise README.md", "instructions": "terse"})]
+
+
+def test_fuzz_readers_and_inject_never_raise_on_mutated_bodies():
+    rng = random.Random(14)
+    for case in range(4000):
+        endpoint, seed = _FUZZ_BODIES[case % len(_FUZZ_BODIES)]
+        body = _mutate(seed, rng)
+        raw = json.dumps(body).encode()
+        try:
+            payload = jsonbody.json_object_of(raw)
+            for source in ragproxy.QUERY_SOURCES:
+                ragproxy.extract_query(endpoint, payload, source, rng.choice([None, 64, 4000]))
+            ragproxy.turn_key(endpoint, payload)
+            continues_turn(endpoint, payload)
+            question = question_text(endpoint, payload)
+            for mode in ragproxy.INJECT_MODES:
+                for replace in (False, True):
+                    edited = jsonbody.json_object_of(raw)
+                    paths = ragproxy.inject(endpoint, edited, "CTX " + question, mode, replace)
+                    sent = jsonbody.with_edits(raw, edited, paths) if paths else raw
+                    assert sent is None or json.loads(sent) == edited
+        except ClientError:
+            pass
+        except Exception as exc:
+            raise AssertionError(f"case {case} ({endpoint}): {exc!r} for {raw[:300]!r}") from exc
