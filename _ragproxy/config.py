@@ -187,6 +187,7 @@ _MODEL_SCHEMA = {
         "before_last_user", "system_prepend", "system_append", "new_message")),
     "rerank": _Field("bool", False),
     "on_failure": _Field("str", "", choices=("", "degrade", "fail_closed", "use_stale")),
+    "timeout_ms": _Field("int", 0, minimum=0),  # 0: rag.timeout_ms
 }
 
 _KB_SCHEMA = {
@@ -248,6 +249,7 @@ _SCHEMA = {
         "stale_max_age": _Field("number", 3600.0, minimum=0),
         "index_interval": _Field("number", 30.0, minimum=0),
         "turn_cache_size": _Field("int", 1024, minimum=0),
+        "timeout_ms": _Field("int", 5000, minimum=1),  # the whole retrieval of one request
     },
     "knowledge_bases": ("named", _KB_SCHEMA),
     "vectorstore": {
@@ -489,6 +491,7 @@ class ModelRoute:
     inject_mode: str = "before_last_user"
     rerank: bool = False
     on_failure: str = ""
+    timeout_ms: int = 0   # 0: rag.timeout_ms
 
     @property
     def is_glob(self):

@@ -163,7 +163,7 @@ class App:
         except ClientError as exc:
             response = error_response(dialect, exc.status, exc.message, exc.code, exc.headers)
         except RetrievalFailed as exc:
-            response = error_response(dialect, 502, str(exc), "rag_retrieval_failed")
+            response = exc.response(dialect)  # the cause is in the log, not for the client
         except UpstreamError as exc:
             status = 504 if exc.kind == "timeout" else 502
             provider = exc.provider or "?"

@@ -1,10 +1,14 @@
 """The retrieval rewriter: select knowledge bases, search once per human turn, inject.
 
 Runs between parsing a client's request and forwarding it (App.rewriters).
-Agent loops send many requests per human turn; every one of them gets the
-identical bytes at the identical place (a per-turn cache), so the
-upstream's prompt-prefix cache holds.  When retrieval fails the route's
-on_failure decides: degrade, fail closed, or reuse stale context.
+Agent loops send many requests per human turn; every later round of one
+(a request that goes on past the human turn with the model's own turns) gets
+the identical bytes at the identical place (a per-turn cache), so the
+upstream's prompt-prefix cache holds.  A request that ends in its human turn
+retrieves afresh: a new chat asking an old question sees the knowledge base
+as it is now.  Retrieval has a time limit (rag.timeout_ms, a model's
+timeout_ms); when it fails or runs out the route's on_failure decides:
+degrade, fail closed, or reuse stale context.
 
 May import: api, config, deps, embeddings, fusion, inject, npy.
 """
@@ -17,11 +21,22 @@ import threading
 import time
 
 from . import deps
-from .api import ClientError
+from .api import ClientError, json_response
 from .config import valid_kb_name
-from .embeddings import EmbeddingError, RerankClient, RerankError
+from .embeddings import Deadline, EmbeddingError, RerankClient, RerankError, time_limit
 from .fusion import reciprocal_ranks
-from .inject import DEFAULT_CHUNK_TEMPLATE, estimate_tokens_text, extract_query, inject, render_context, turn_key
+from .inject import (
+    DEFAULT_CHUNK_TEMPLATE,
+    continues_turn,
+    estimate_tokens_text,
+    extract_query,
+    fill_template,
+    inject,
+    question_text,
+    render_chunks,
+    turn_key,
+    uses_query,
+)
 from .npy import StoreError
 
 log = logging.getLogger("ragproxy")
@@ -29,21 +44,57 @@ log = logging.getLogger("ragproxy")
 
 _INJECTABLE = frozenset(("chat", "responses", "messages", "ollama_chat", "ollama_generate"))
 _KB_HEADER = "x-ragproxy-kb"
+# Where the context goes into the human turn itself: a {query} in the template
+# is then the person's words, in their place (inject's replaces_question).
+_USER_TURN_MODES = ("before_last_user", "new_message")
+_TOO_DEEP = "request body is nested too deeply"
 
 
 class RetrievalFailed(Exception):
-    """Retrieval failed and the model's policy is fail_closed (or stale context was too old)."""
+    """Retrieval failed and the model's policy is fail_closed (or stale context was too old).
+
+    The text says why, for the log.  The client is told no more than MESSAGE,
+    the same every time: a provider's address and a socket error are the
+    operator's to read, and a stable body is what a client can act on.  502,
+    as for an unreachable upstream: a server the answer depends on failed
+    (503 would say ragproxy itself is overloaded or down for maintenance).
+    """
+
+    STATUS = 502
+    CODE = "rag_retrieval_failed"
+    MESSAGE = "retrieval context was unavailable"
+
+    def response(self, dialect):
+        """The error in ``dialect``'s shape, with type and code CODE where it has them."""
+        if dialect == "anthropic":
+            body = {"type": "error", "error": {"type": self.CODE, "message": self.MESSAGE}}
+        elif dialect == "ollama":
+            body = {"error": self.MESSAGE}
+        else:  # OpenAI chat and Responses
+            body = {"error": {"message": self.MESSAGE, "type": self.CODE, "param": None, "code": self.CODE}}
+        return json_response(self.STATUS, body)
+
+
+class _OutOfTime(Exception):
+    """The retrieval's time limit ran out between two stages."""
 
 
 @dataclasses.dataclass
 class Retrieved:
-    """What one human turn injected: the exact text and the chunk ids it cites."""
+    """What one human turn injected: the exact text and the chunk ids it cites.
+
+    ``context`` is the rendered chunks alone, from which stale reuse renders
+    the template again around another question; ``replaces_question`` says
+    that ``text`` holds the person's words and goes in their place.
+    """
 
     text: str
     sources: tuple
     outcome: str            # retrieved, no_match, cached, stale
     at: float = 0.0
     hits: tuple = ()
+    context: str = ""
+    replaces_question: bool = False
 
 
 def split_model_kbs(model):
@@ -181,40 +232,61 @@ class Retriever:
             return
         rag = self.app.config.rag
         payload = exchange.payload
+        route = exchange.route
         clock = time.perf_counter
         started = clock()
-        query = extract_query(endpoint, payload, rag["query_source"], rag["max_query_bytes"])
+        in_place = route.inject_mode in _USER_TURN_MODES and uses_query(rag["inject_template"])
+        try:
+            query = extract_query(endpoint, payload, rag["query_source"], rag["max_query_bytes"])
+            turn = turn_key(endpoint, payload)
+            question = question_text(endpoint, payload) if in_place else query
+            later_round = bool(turn) and continues_turn(endpoint, payload)
+        except RecursionError:  # nesting that json parsed with a few levels to spare
+            raise ClientError(400, _TOO_DEEP) from None
         modes = sorted({self.kbs.get(n).spec.retrieval for n in names})
         stages = {}
         exchange.retrieval = {"kbs": names, "outcome": "skipped", "mode": "+".join(modes), "query": query,
                               "stages": stages}
         if not query.strip():
             return
-        turn = turn_key(endpoint, payload)
         stages["query_build"] = clock() - started
-        key = (turn, tuple(names), exchange.route.name, exchange.route.inject_mode) if turn else None
-        found = self.turns.get(key) if key else None
+        key = (turn, tuple(names), route.name, route.inject_mode) if turn else None
+        # Only a later round of the turn reuses what its first request got; the
+        # first request of a turn (a new chat, a retry) retrieves and refreshes it.
+        found = self.turns.get(key) if key and later_round else None
         if found is not None:
             exchange.retrieval["outcome"] = "cached"
         else:
-            found = self._retrieve(exchange, names, query)
+            found = self._retrieve(exchange, names, query, question, in_place)
             if key and found.outcome in ("retrieved", "no_match"):
                 self.turns.put(key, found)
-        edits = inject(endpoint, payload, found.text, exchange.route.inject_mode) if found.text else ()
+        try:
+            edits = inject(endpoint, payload, found.text, route.inject_mode, found.replaces_question) \
+                if found.text else ()
+        except RecursionError:
+            raise ClientError(400, _TOO_DEEP) from None
         if edits:
             exchange.edits += edits
             exchange.response_headers.append(("X-Ragproxy-Sources", ",".join(found.sources)))
         stages["total"] = clock() - started
+        tokens = self.count_tokens(found.text) if found.text else 0
+        if found.replaces_question and tokens:  # the person's words were there already
+            tokens = max(0, tokens - self.count_tokens(question))
         exchange.retrieval.update(sources=found.sources, hits=found.hits, ms=stages["total"] * 1000.0,
-                                  context_tokens=self.count_tokens(found.text) if found.text else 0)
+                                  context_tokens=tokens)
 
-    def _retrieve(self, exchange, names, query):
+    def _retrieve(self, exchange, names, query, question, in_place):
+        """Search and render; ``question`` fills the template's {query}, in the
+        person's words' place when ``in_place`` (which the budget then leaves out)."""
         rag = self.app.config.rag
-        policy = exchange.route.on_failure or rag["on_failure"]
+        route = exchange.route
+        policy = route.on_failure or rag["on_failure"]
+        template = rag["inject_template"]
         stale_key = (tuple(names), query)
+        limit = Deadline((route.timeout_ms or rag["timeout_ms"]) / 1000.0)
         try:
-            hits = self.search(names, query, exchange.route, stages=exchange.retrieval["stages"])
-        except (EmbeddingError, RerankError, StoreError, OSError, ValueError) as exc:
+            hits = self.search(names, query, route, stages=exchange.retrieval["stages"], deadline=limit)
+        except (EmbeddingError, RerankError, StoreError, OSError, ValueError, _OutOfTime) as exc:
             log.warning("retrieval failed for %s (%s): %s", exchange.model, ",".join(names), exc)
             exchange.retrieval["outcome"] = "failed"
             exchange.retrieval["error"] = str(exc)
@@ -222,29 +294,44 @@ class Retriever:
                 old = self.stale.get(stale_key)
                 if old is not None and self.app.clock() - old.at <= rag["stale_max_age"]:
                     exchange.retrieval["outcome"] = "stale"
-                    return dataclasses.replace(old, outcome="stale")
+                    return dataclasses.replace(old, outcome="stale", replaces_question=in_place,
+                                               text=fill_template(template, old.context, question))
             if policy in ("fail_closed", "use_stale"):
                 raise RetrievalFailed(f"knowledge-base retrieval failed: {exc}") from None
             exchange.retrieval["outcome"] = "degraded"
             return Retrieved("", (), "degraded")
         chunks = [dict(hit.chunk, content=hit.chunk.get("text", ""), score=round(hit.score, 4), kb=hit.kb)
                   for hit in hits]
-        text, used = render_context(chunks, rag["inject_template"], rag["chunk_template"] or DEFAULT_CHUNK_TEMPLATE,
-                                    rag["max_context_tokens"], query, count_tokens=self.count_tokens)
+        context, used = "", []
+        if chunks and rag["max_context_tokens"] > 0:
+            # As render_context, except that the person's own words, when they
+            # go in the template, are not context and cost none of its budget.
+            frame = fill_template(template, "", "" if in_place else query)
+            budget = rag["max_context_tokens"] - self.count_tokens(frame)
+            context, used = render_chunks(chunks, rag["chunk_template"] or DEFAULT_CHUNK_TEMPLATE, budget,
+                                          self.count_tokens)
         outcome = "retrieved" if used else "no_match"
         exchange.retrieval["outcome"] = outcome
-        found = Retrieved(text if used else "", tuple(c["id"] for c in used), outcome, self.app.clock(),
-                          tuple(hits))
+        found = Retrieved(fill_template(template, context, question) if used else "", tuple(c["id"] for c in used),
+                          outcome, self.app.clock(), tuple(hits), context, in_place)
         if used:
             self.stale.put(stale_key, found)
         return found
 
-    def search(self, names, query, route=None, top_k=None, stages=None):
+    def search(self, names, query, route=None, top_k=None, stages=None, deadline=None):
         """Search ``names`` and merge the lists per the route's ``kb_merge``.
 
         ``stages``, if given, collects seconds spent per stage (lexical, embed,
-        dense, rerank) for the metrics.
+        dense, rerank) for the metrics.  ``deadline`` (an embeddings.Deadline)
+        bounds the whole: embedding and rerank calls get no more than what is
+        left of it, and no knowledge base is searched once it has passed
+        (_OutOfTime).  A rerank that runs out of time keeps the fused order,
+        as a rerank that fails does.
         """
+        with time_limit(deadline):
+            return self._search(names, query, route, top_k, stages, deadline)
+
+    def _search(self, names, query, route, top_k, stages, deadline):
         rag = self.app.config.rag
         top_k = top_k or rag["top_k"]
         rerank = bool(route and route.rerank) and self._reranker() is not None
@@ -252,6 +339,9 @@ class Retriever:
         merge = route.kb_merge if route else "priority"
         lists = []
         for name in names:
+            if deadline is not None and deadline.remaining() <= 0:
+                raise _OutOfTime(f"the retrieval time limit ({deadline.seconds * 1000:g} ms) ran out "
+                                 f"before knowledge base {name!r} was searched")
             kb = self.kbs.get(name)
             hits = kb.search(query, pool, min_lexical=rag["lexical_min_score"],
                              min_dense=rag["score_threshold"] or None, timings=stages)

@@ -4,6 +4,8 @@ The fake upstream answers "FOUND: <sentence>" only when that sentence reached
 it, so a passing test proves the passage was retrieved and injected.
 """
 import json
+import logging
+import socket
 import urllib.error
 import urllib.request
 
@@ -12,8 +14,8 @@ import openai
 import pytest
 
 import ragproxy
-from _ragproxy import jsonbody
-from conftest import API_KEY, proxy_config
+from _ragproxy import embeddings, jsonbody
+from conftest import API_KEY, logged_rows, proxy_config
 
 SECRET = "the purple elephant sings at midnight"
 OTHER = "the copper kettle whistles twice"
@@ -199,19 +201,23 @@ def test_a_reload_applies_turn_cache_size_at_once(make_proxy, fake, data_dir):
     proxy = make_proxy(kb_config(fake.url), data_dir=data_dir)
     proxy.app.knowledge_bases.index_all()
     client = _openai(proxy)
-    turn = [{"role": "user", "content": "What does the purple elephant do?"}]
+    question = [{"role": "user", "content": "What does the purple elephant do?"}]
+    tool_round = question + [  # a later round of the same human turn
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "file contents"}]
 
-    def injected():
-        client.chat.completions.create(model="llama3", messages=turn)
-        return fake.last.json["messages"][-1]["content"]
+    def injected(messages):
+        client.chat.completions.create(model="llama3", messages=messages)
+        return fake.last.json["messages"][0]["content"]
 
-    assert "sings at midnight" in injected()
+    assert "sings at midnight" in injected(question)
     (data_dir / "documents" / "docs" / "guide.md").write_text(GUIDE.replace("midnight", "noon"))
     proxy.app.knowledge_bases.index_all()
-    assert "sings at midnight" in injected()   # the same human turn: served from the per-turn cache
+    assert "sings at midnight" in injected(tool_round)   # the same human turn: served from the per-turn cache
     proxy.app.reload(ragproxy.Config.from_text(kb_config(fake.url, rag="  turn_cache_size: 0\n")))
     assert len(proxy.app.retriever.turns) == 0
-    assert "sings at noon" in injected()       # no cache now: retrieved again, and the edit shows
+    assert "sings at noon" in injected(tool_round)       # no cache now: retrieved again, and the edit shows
     assert len(proxy.app.retriever.turns) == 0
 
 
@@ -359,3 +365,263 @@ def test_tiktoken_with_its_cached_encoding_counts_exactly(tmp_path):
     assert _tiktoken_counter(fake, environ) is None and fake.asked == []
     count = _tiktoken_counter(fake, environ, expected_sha256=hashlib.sha256(b"the encoding file").hexdigest())
     assert fake.asked == ["cl100k_base"] and count("three words here") == 3
+
+
+# -- the per-turn cache serves later rounds of a turn only ---------------------------
+
+ZEBRA = "the zebrafish heart regrows within sixty days"
+TOOL_ROUND = [{"role": "assistant", "content": None, "tool_calls": [
+                  {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "file contents"}]
+
+
+def _sent_turn(client, fake, messages):
+    """What the upstream got as the human turn (the first user message) of ``messages``."""
+    client.chat.completions.create(model="llama3", messages=messages)
+    return next(m["content"] for m in fake.last.json["messages"] if m["role"] == "user")
+
+
+def test_a_new_chat_asking_an_old_question_sees_a_document_added_since(rag_proxy, fake, data_dir):
+    client = _openai(rag_proxy)
+    chat = [{"role": "user", "content": "How fast does the zebrafish heart regrow?"}]
+    assert ZEBRA not in _sent_turn(client, fake, chat)
+    (data_dir / "documents" / "docs" / "zebrafish.md").write_text(f"# Zebrafish\n\nFact: {ZEBRA}.\n")
+    rag_proxy.app.knowledge_bases.index_all()
+    assert ZEBRA not in _sent_turn(client, fake, chat + TOOL_ROUND)  # the first chat's turn goes on as it began
+    assert ZEBRA in _sent_turn(client, fake, chat)                   # a new chat, the same question
+
+
+def test_a_no_match_while_the_kb_was_empty_is_not_kept_for_a_new_chat(make_proxy, fake, tmp_path):
+    for name in ("docs", "code"):
+        (tmp_path / "documents" / name).mkdir(parents=True)
+    p = make_proxy(kb_config(fake.url), data_dir=tmp_path)
+    p.app.knowledge_bases.index_all()
+    client = _openai(p)
+    chat = [{"role": "user", "content": "How fast does the zebrafish heart regrow?"}]
+    assert _sent_turn(client, fake, chat) == chat[0]["content"]  # nothing to inject yet
+    (tmp_path / "documents" / "docs" / "zebrafish.md").write_text(f"# Zebrafish\n\nFact: {ZEBRA}.\n")
+    p.app.knowledge_bases.index_all()
+    assert _sent_turn(client, fake, chat + TOOL_ROUND) == chat[0]["content"]  # its tool round: still nothing
+    assert ZEBRA in _sent_turn(client, fake, chat)
+
+
+# -- the retrieval time limit: an embedding server that never answers ----------------
+
+@pytest.fixture
+def silent_server():
+    """The URL of a server socket on port 0 that takes connections and never answers.
+
+    The kernel completes each handshake and buffers the request; nothing ever
+    reads it.  Closing the socket at the end resets those connections.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    yield "http://127.0.0.1:%d" % listener.getsockname()[1]
+    listener.close()
+
+
+def _embedding_config(fake, policy, embed_url, embed_model="fake-embed", rag="", model_extra=""):
+    """The vec (hybrid) KB on embedding provider emb at ``embed_url``, its timeouts the defaults."""
+    extra_kb = "  vec:\n    retrieval: hybrid\n    embedding: emb\n"
+    text = kb_config(fake.url, kbs="vec", extra_kb=extra_kb, rag=f"  on_failure: {policy}\n{rag}",
+                     model_extra=model_extra)
+    return text.replace("providers:\n", f'providers:\n  embedding:\n    emb: {{type: openai, base_url: "{embed_url}", '
+                                        f'model: {embed_model}}}\n', 1)
+
+
+def _indexed_then_moved(make_proxy, fake, data_dir, policy, embed_url, **kwargs):
+    """A proxy whose vec KB was indexed through the fake's embeddings, reloaded with the
+    provider moved to ``embed_url``.  Another model name there, so that no query vector
+    cached for fake-embed stands in for asking it."""
+    p = make_proxy(_embedding_config(fake, policy, fake.url + "/v1", **kwargs), data_dir=_vec_dir(data_dir))
+    p.app.knowledge_bases.index_all()
+    moved = _embedding_config(fake, policy, embed_url + "/v1", embed_model="moved-embed", **kwargs)
+    return p, lambda: p.app.reload(ragproxy.Config.from_text(moved))
+
+
+@pytest.mark.parametrize("policy", ["degrade", "fail_closed", "use_stale"])
+def test_a_hung_embedding_server_costs_a_request_no_more_than_the_time_limit(make_proxy, fake, data_dir,
+                                                                           silent_server, policy):
+    """read_timeout is the default 600 s; rag.timeout_ms (or, for fail_closed, the model's
+    timeout_ms under a long rag.timeout_ms) is 300.  The SDK gives up after 30 s, so a
+    proxy that waits for the provider's own timeout fails the test."""
+    fake.secrets = [SECRET]
+    if policy == "fail_closed":
+        limits = {"rag": "  timeout_ms: 120000\n", "model_extra": ", timeout_ms: 300"}
+    else:
+        limits = {"rag": "  timeout_ms: 300\n"}
+    p, hang = _indexed_then_moved(make_proxy, fake, data_dir, policy, silent_server, **limits)
+    client = openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0, timeout=30)
+    known = [{"role": "user", "content": "what does the purple elephant do"}]
+    assert client.chat.completions.create(model="llama3", messages=known).choices[0].message.content \
+        == "FOUND: " + SECRET
+    hang()
+    new = [{"role": "user", "content": "which purple animal sings"}]
+    if policy == "degrade":
+        reply = client.chat.completions.create(model="llama3", messages=new)
+        assert reply.choices[0].message.content.startswith("ECHO") and fake.last.json["messages"] == new
+    else:
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(model="llama3", messages=new)
+        assert info.value.status_code == 502 and info.value.body["code"] == "rag_retrieval_failed"
+        assert not any("purple animal" in r.body.decode() for r in fake.requests)
+    if policy == "use_stale":  # a new chat asking the question answered before: its last good context
+        reply = client.chat.completions.create(model="llama3", messages=known)
+        assert reply.choices[0].message.content == "FOUND: " + SECRET
+    outcomes = [row["outcome"] for row in logged_rows(p.app, 3 if policy == "use_stale" else 2)][::-1]  # oldest first
+    assert outcomes == {"degrade": ["retrieved", "degraded"], "fail_closed": ["retrieved", "failed"],
+                        "use_stale": ["retrieved", "failed", "stale"]}[policy]
+
+
+def test_no_knowledge_base_is_searched_once_the_time_limit_has_passed(rag_proxy):
+    ticks = iter([0.0, 0.1, 1.0])  # made; before code, 0.2 s left; before docs, none
+    limit = embeddings.Deadline(0.3, lambda: next(ticks))
+    with pytest.raises(Exception, match=r"time limit \(300 ms\) ran out before knowledge base 'docs'"):
+        # code has nothing on elephants, so the priority merge goes on to docs
+        rag_proxy.app.retriever.search(["code", "docs"], "purple elephant", rag_proxy.app.resolve_route("llama3"),
+                                       deadline=limit)
+
+
+# -- what a fail_closed error tells the client ---------------------------------------
+
+def _refused_url():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return "http://127.0.0.1:%d" % s.getsockname()[1]  # closed: connecting is refused
+
+
+def _raw_post(url, path, body, headers=()):
+    req = urllib.request.Request(url + path, method="POST", data=json.dumps(body).encode(),
+                                 headers=dict({"Authorization": "Bearer " + API_KEY}, **dict(headers)))
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_fail_closed_tells_every_dialect_the_same_and_the_log_the_cause(make_proxy, fake, data_dir, caplog):
+    refused = _refused_url()
+    p, refuse = _indexed_then_moved(make_proxy, fake, data_dir, "fail_closed", refused)
+    refuse()
+    question = "what does the purple elephant do"
+    message = "retrieval context was unavailable"
+    openai_shape = {"error": {"message": message, "type": "rag_retrieval_failed", "param": None,
+                              "code": "rag_retrieval_failed"}}
+    calls = [
+        ("/v1/chat/completions", {"model": "llama3", "messages": [{"role": "user", "content": question}]}, (),
+         openai_shape),
+        ("/v1/responses", {"model": "llama3", "input": question}, (), openai_shape),
+        ("/v1/messages", {"model": "llama3", "max_tokens": 16, "messages": [{"role": "user", "content": question}]},
+         {"anthropic-version": "2023-06-01"}, {"type": "error", "error": {"type": "rag_retrieval_failed",
+                                                                          "message": message}}),
+        ("/api/chat", {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": question}]}, (),
+         {"error": message}),
+    ]
+    with caplog.at_level(logging.WARNING, logger="ragproxy"):
+        for path, body, headers, expected in calls:
+            status, data = _raw_post(p.url, path, body, headers)
+            assert (status, json.loads(data)) == (502, expected), path
+            assert refused.split("//")[1].encode() not in data and b"refused" not in data.lower()
+    assert refused + "/v1/embeddings" in caplog.text and "refused" in caplog.text.lower()
+    assert not any(r.path != "/v1/embeddings" and question in r.body.decode() for r in fake.requests)
+    # The SDKs read it as the API error it is.
+    with pytest.raises(openai.APIStatusError) as info:
+        _openai(p).chat.completions.create(model="llama3", messages=[{"role": "user", "content": question}])
+    assert info.value.status_code == 502 and info.value.body["type"] == "rag_retrieval_failed"
+    with pytest.raises(anthropic.APIStatusError) as info:
+        anthropic.Anthropic(base_url=p.url, api_key=API_KEY, max_retries=0).messages.create(
+            model="llama3", max_tokens=16, messages=[{"role": "user", "content": question}])
+    assert info.value.status_code == 502 and info.value.body["error"]["type"] == "rag_retrieval_failed"
+
+
+# -- {query} in inject_template: the question once -------------------------------------
+
+QUERY_TEMPLATE = '  inject_template: "Use the context.\\n<context>\\n{context}\\n</context>\\nUser content: {query}"\n'
+
+
+def test_a_query_placeholder_takes_the_place_of_the_question(make_proxy, fake, data_dir):
+    fake.secrets = [SECRET]
+    p = make_proxy(kb_config(fake.url, rag=QUERY_TEMPLATE), data_dir=data_dir)
+    p.app.knowledge_bases.index_all()
+    question = "What does the purple elephant do?"
+
+    def once(text):
+        assert SECRET in text and text.endswith("</context>\nUser content: " + question)
+        assert fake.last.body.decode().count(question) == 1
+
+    assert _openai(p).chat.completions.create(model="llama3", messages=[
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": question}]).choices[0] \
+        .message.content == "FOUND: " + SECRET
+    sent = fake.last.json["messages"]
+    assert sent[0] == {"role": "system", "content": "be brief"}
+    once(sent[1]["content"])
+
+    reminder = "<system-reminder>ctx</system-reminder>"
+    anthropic.Anthropic(base_url=p.url, api_key=API_KEY, max_retries=0).messages.create(
+        model="llama3", max_tokens=16, messages=[{"role": "user", "content": [
+            {"type": "text", "text": reminder}, {"type": "text", "text": question,
+                                                  "cache_control": {"type": "ephemeral"}}]}])
+    blocks = fake.last.json["messages"][0]["content"]
+    assert blocks[0] == {"type": "text", "text": reminder} and len(blocks) == 2
+    assert blocks[1]["cache_control"] == {"type": "ephemeral"}  # the question's marker stays with it
+    once(blocks[1]["text"])
+
+    _openai(p).responses.create(model="llama3", input=[{"role": "user", "content": [
+        {"type": "input_text", "text": question}]}])
+    [item] = fake.last.json["input"]
+    assert [part["type"] for part in item["content"]] == ["input_text"]
+    once(item["content"][0]["text"])
+    _openai(p).responses.create(model="llama3", input=question)
+    once(fake.last.json["input"])
+
+
+# -- bodies the readers must not trip over -------------------------------------------
+
+@pytest.mark.parametrize("part", [{"type": [], "text": "purple elephant"}, {"type": {}, "text": "purple elephant"},
+                                  {"type": "text", "text": ["purple elephant"]}, ["purple elephant"], 7, None])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+def test_content_parts_of_the_wrong_type_are_never_a_500(rag_proxy, fake, part, path):
+    turn = {"role": "user", "content": [part, {"type": "input_text" if path == "/v1/responses" else "text",
+                                               "text": "what does the purple elephant do"}]}
+    body = {"model": "llama3", "max_tokens": 16, ("input" if path == "/v1/responses" else "messages"): [turn]}
+    status, data = _raw_post(rag_proxy.url, path, body, {"anthropic-version": "2023-06-01"})
+    assert status in (200, 400), data
+    if status == 200:
+        assert SECRET in fake.last.body.decode()  # the readable part was the question, and got its context
+
+
+def test_a_lone_surrogate_escape_is_forwarded_with_context_as_sent(rag_proxy, fake):
+    head = b'{"model": "llama3", "messages": [{"role": "user", "content": "first \\udfff"}, '
+    body = head + b'{"role": "user", "content": "what does the purple elephant do \\ud800"}]}'
+    req = urllib.request.Request(rag_proxy.url + "/v1/chat/completions", method="POST", data=body,
+                                 headers={"Authorization": "Bearer " + API_KEY})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.loads(r.read())["choices"][0]["message"]["content"] == "FOUND: " + SECRET
+    sent = fake.last.body
+    assert sent.startswith(head) and b"do \\ud800\"}]}" in sent
+    assert fake.last.json["messages"][1]["content"].endswith("what does the purple elephant do \ud800")
+
+
+def test_bodies_nested_to_the_json_limit_are_never_a_500(rag_proxy, fake):
+    """json parses a body nested nearly as deep as the stack allows; reading and encoding
+    it again, a few frames deeper, must answer 400 then, not fail."""
+    def status(depth):
+        deep = "[" * depth + '"x"' + "]" * depth
+        body = ('{"model": "llama3", "messages": [{"role": "user", "content": [{"type": "text", "text": '
+                '"what does the purple elephant do"}, {"type": "image", "x": %s}]}]}' % deep).encode()
+        req = urllib.request.Request(rag_proxy.url + "/v1/chat/completions", method="POST", data=body,
+                                     headers={"Authorization": "Bearer " + API_KEY})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    lo, hi = 1, 100000  # the deepest body that is answered 200: below it all are, above it none
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if status(mid) == 200 else (lo, mid - 1)
+    assert lo > 100
+    assert {status(depth) for depth in range(lo - 3, lo + 40)} <= {200, 400}
