@@ -3,17 +3,20 @@
 Reading a head (request or status line and header lines) from a buffered
 socket file, in one pass when it is all buffered; bodies framed by
 Content-Length (FixedBody) or chunked transfer coding (ChunkedBody); socket
-timeouts kept by the kernel where it can (KERNEL_TIMEOUTS).  Nothing here
-knows about APIs or providers.
+timeouts kept by the kernel where it can (KERNEL_TIMEOUTS), and a deadline
+for a series of reads (set_read_deadline).  Numbers from the wire are ASCII
+digits only.  Nothing here knows about APIs or providers.
 
 May import: nothing (the standard library only).
 """
 from __future__ import annotations
 
 import io
+import re
 import socket
 import struct
 import sys
+import time
 
 READ_SIZE = 65536
 
@@ -40,14 +43,14 @@ def timed_reader(sock, seconds, size):
     A read that times out raises socket.timeout either way.  A write that
     times out raises socket.timeout under Python's timeouts and
     BlockingIOError under the kernel's, where sendall() gets EAGAIN (see
-    _KERNEL_TIMEOUTS).
+    _KERNEL_TIMEOUTS).  set_read_deadline() bounds the reads' total wait.
     """
     if not KERNEL_TIMEOUTS:
         sock.settimeout(seconds)
-        return sock.makefile("rb", size)
-    sock.settimeout(None)
-    set_io_timeout(sock, seconds)
-    return io.BufferedReader(_SocketReader(sock), size)
+    else:
+        sock.settimeout(None)
+        set_io_timeout(sock, seconds)
+    return io.BufferedReader(_SocketReader(sock, seconds), size)
 
 
 def set_io_timeout(sock, seconds):
@@ -61,16 +64,40 @@ def set_io_timeout(sock, seconds):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
-class _SocketReader(io.RawIOBase):
-    """Raw reads of a blocking socket with kernel timeouts: EAGAIN is the timeout."""
+def set_read_deadline(rfile, deadline, clock=time.monotonic):
+    """Let no read of ``rfile`` (from timed_reader) wait past ``deadline``, a time on ``clock``.
 
-    def __init__(self, sock):
-        self._recv_into = sock.recv_into
+    However slowly the bytes trickle in, the reads together end by then with
+    socket.timeout; ``None`` lifts the deadline and puts the reader's own
+    timeout back.  (Per-read timeouts alone let a peer sending a byte now and
+    then hold a connection for ever.)
+    """
+    rfile.raw.set_deadline(deadline, clock)
+
+
+class _SocketReader(io.RawIOBase):
+    """Raw reads of a socket with timeouts: the kernel's EAGAIN is the timeout too."""
+
+    def __init__(self, sock, seconds):
+        self._sock, self._recv_into, self._seconds = sock, sock.recv_into, seconds
+        self._deadline = self._clock = None
 
     def readable(self):
         return True
 
+    def set_deadline(self, deadline, clock):
+        if deadline is None and self._deadline is not None:
+            # The timeout timed_reader set; the server's sockets keep it (only the
+            # upstream client changes its timeouts, and it sets no deadlines).
+            set_io_timeout(self._sock, self._seconds)
+        self._deadline, self._clock = deadline, clock
+
     def readinto(self, buffer):
+        if self._deadline is not None:
+            left = self._deadline - self._clock()
+            if left <= 0:
+                raise socket.timeout("deadline passed")
+            set_io_timeout(self._sock, min(left, self._seconds) if self._seconds else left)
         try:
             return self._recv_into(buffer)
         except BlockingIOError:
@@ -104,7 +131,9 @@ def read_head_lines(rfile, max_lines, max_line=65536, eof_ends=True):
                 raise ValueError("message head cut short")
             if len(lines) >= max_lines:
                 raise HeadTooLarge("Too many headers")
-            lines.append(line.decode("latin-1").rstrip("\r\n"))
+            # One line end off, no more: a CR before it is part of the line, for the parser to judge.
+            lines.append(line[:-2 if line.endswith(b"\r\n") else -1 if line.endswith(b"\n") else None]
+                         .decode("latin-1"))
     if len(lines) > max_lines:
         raise HeadTooLarge("Too many headers")
     return lines
@@ -169,6 +198,17 @@ class FixedBody:
         return data
 
 
+def parse_content_length(text):
+    """A Content-Length value as an int; ValueError unless it is 1 to 18 ASCII digits.
+
+    str.isdigit() alone passes "\xb9" and "\u0663" (superscript one, Arabic-Indic
+    three), which int() then refuses or reads; a peer picks the bytes.
+    """
+    if not (0 < len(text) <= 18 and text.isascii() and text.isdigit()):
+        raise ValueError(f"invalid Content-Length: {text[:40]!r}")
+    return int(text)
+
+
 def parse_chunk_size(line):
     """The size on a chunked-encoding size line (extensions ignored); ValueError if malformed.
 
@@ -199,8 +239,11 @@ class ChunkedBody:
         self._buf = b""
         self._state = _SIZE_LINE
         self._left = 0  # payload bytes still to come in the current chunk
+        self._broken = None  # the framing error found after bytes already handed on
 
     def read1(self):
+        if self._broken is not None:
+            raise self._broken
         while not self.complete:
             data = self.rfile.read1(READ_SIZE)
             if not data:
@@ -221,7 +264,19 @@ class ChunkedBody:
         return b""
 
     def _decode(self, buf):
-        out, pos, end = [], 0, len(buf)
+        out = []
+        try:
+            return self._decode_into(buf, out)
+        except ConnectionError as exc:
+            if not out:
+                raise
+            # The events decoded before the break are whole and good: they go
+            # to the client now, the error with the next read.
+            self._broken, self._buf = exc, b""
+            return b"".join(out)
+
+    def _decode_into(self, buf, out):
+        pos, end = 0, len(buf)
         while pos < end:
             state = self._state
             if state == _DATA:
@@ -289,7 +344,24 @@ def parse_header_lines(lines):
             merged[key] += ", " + value.strip()
         else:
             merged[key] = value.strip()
+    # Two checks of the whole head rather than two per line: names are tokens
+    # (RFC 9110 5.1: no spaces, no separators, ASCII), and no value holds a CR,
+    # LF or NUL (5.5).  A line break passed on would end as the upstream
+    # client's refusal, a 502, for a request that was the client's mistake.
+    names = "".join(merged)
+    plain = names.replace("-", "")
+    if not (plain.isalnum() and plain.isascii()) and _TOKEN_CHARS.fullmatch(names) is None:
+        bad = next(name for name in merged if _TOKEN_CHARS.fullmatch(name) is None)
+        raise ValueError(f"Malformed header name ({bad[:100]!r})")
+    head = "".join(lines)   # as sent: strip() would hide a CR at either end of a value
+    if "\r" in head or "\n" in head or "\0" in head:
+        bad = next(text for text in lines if set(text) & {"\r", "\n", "\0"})
+        where = "a folded header line" if bad[:1] in (" ", "\t") else f"header {bad.partition(':')[0][:100]!r}"
+        raise ValueError(f"{where} holds a CR, LF or NUL character")  # the value not echoed: it may be a key
     return merged
+
+
+_TOKEN_CHARS = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]*")  # lower-case: the names are lowered first
 
 
 MAX_HEADER_LINES = 100

@@ -20,7 +20,16 @@ import threading
 import urllib.parse
 
 from . import deps
-from .http1 import READ_SIZE, ChunkedBody, FixedBody, header_value, read_head_lines, set_io_timeout, timed_reader
+from .http1 import (
+    READ_SIZE,
+    ChunkedBody,
+    FixedBody,
+    header_value,
+    parse_content_length,
+    read_head_lines,
+    set_io_timeout,
+    timed_reader,
+)
 
 
 class UpstreamError(Exception):
@@ -339,7 +348,7 @@ class _SocketPool:
                 raise ValueError("not an HTTP response: an empty line")
             version, _, rest = lines[0].partition(" ")
             code, _, reason = rest.partition(" ")
-            if not version.startswith("HTTP/") or len(code) != 3 or not code.isdigit():
+            if not version.startswith("HTTP/") or len(code) != 3 or not (code.isascii() and code.isdigit()):
                 raise ValueError(f"not an HTTP response: {lines[0][:80]!r}")
             headers, index = [], {}
             for line in lines[1:]:
@@ -364,8 +373,14 @@ class _SocketPool:
             body = FixedBody(rfile, 0)
         elif "chunked" in index.get("transfer-encoding", "").lower():
             body = ChunkedBody(rfile)
-        elif length.isdigit():
-            body = FixedBody(rfile, int(length))
+        elif length:
+            try:
+                body = FixedBody(rfile, parse_content_length(length))
+            except ValueError:
+                # RFC 9112 6.3: where the body ends is unknowable, so nothing of it can be trusted.
+                _close_quietly(conn)
+                raise UpstreamError("unreachable", f"{key[0]}:{key[1]} sent an invalid Content-Length "
+                                                   f"({length[:40]!r})") from None
         else:
             body, keep = FixedBody(rfile, None), False  # delimited by the server closing
 

@@ -128,3 +128,116 @@ def test_header_value_ignores_letter_case():
     pairs = [("Content-Type", "a"), ("content-type", "b")]
     assert http1.header_value(pairs, "CONTENT-TYPE") == "a"
     assert http1.header_value(pairs, "x-missing", "none") == "none"
+
+
+def test_parse_content_length_takes_ascii_digits_only():
+    assert http1.parse_content_length("0") == 0
+    assert http1.parse_content_length("1234") == 1234
+    # str.isdigit() passes every one of these; int() refuses the first three and reads the others.
+    for bad in ("\xb9", "\xb2", "1\xb3", "\u0663", "\uff15", "", "-1", "+1", " 1", "1 ", "1_0", "0x10", "5, 5",
+                "1" * 19, "9" * 5000):
+        with pytest.raises(ValueError, match="invalid Content-Length"):
+            http1.parse_content_length(bad)
+
+
+def test_parse_header_lines_refuses_control_characters_and_non_token_names():
+    # RFC 9110 5.5: a value must not hold CR, LF or NUL; 5.1: a name is a token.
+    for bad in (["X-A: one\rtwo"], ["X-A: one\x00two"], ["X-A: one\ntwo"], ["X-A: ok", "  folded\rline"]):
+        with pytest.raises(ValueError, match="CR, LF or NUL"):
+            http1.parse_header_lines(bad)
+    for bad in (["X A: 1"], ["X\x00A: 1"], ["X\xe9: 1"], ["(x): 1"], ["X/Y: 1"], ["X@Y: 1"]):
+        with pytest.raises(ValueError, match="Malformed header name"):
+            http1.parse_header_lines(bad)
+    names = "!#$%&'*+-.^_`|~09azAZ"
+    assert http1.parse_header_lines([f"{names}: \x01 tab\there \xe9\x7f"]) == {names.lower(): "\x01 tab\there \xe9\x7f"}
+
+
+def test_chunked_body_hands_on_what_it_decoded_before_a_framing_error():
+    good = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in (b"data: 1\n\n", b"data: 2\n\n"))
+    body = http1.ChunkedBody(reader(good + b"zz\r\nmore\r\n"))   # all in one read
+    assert body.read1() == b"data: 1\n\ndata: 2\n\n"
+    with pytest.raises(ConnectionError, match="malformed chunk size"):
+        body.read1()
+    with pytest.raises(ConnectionError):
+        body.read1()   # and it stays broken
+    body = http1.ChunkedBody(reader(good + b"9\r\ndata: 3\n\nXX"))   # a chunk without its CRLF
+    assert body.read1() == b"data: 1\n\ndata: 2\n\ndata: 3\n\n"
+    with pytest.raises(ConnectionError, match="malformed chunked"):
+        body.read1()
+
+
+def test_read_deadline_bounds_the_total_wait_of_a_trickle(timeouts):
+    import socket
+    import threading
+
+    ticks = iter(range(1000))
+    clock = lambda: next(ticks)   # noqa: E731  one "second" per look at the clock
+    left, right = socket.socketpair()
+    try:
+        rfile = http1.timed_reader(left, 30, 64)
+        http1.set_read_deadline(rfile, 5, clock)
+        stop = threading.Event()
+
+        def trickle():
+            while not stop.is_set():
+                right.sendall(b"x")   # never a line end
+                stop.wait(0.005)
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        with pytest.raises(socket.timeout):
+            rfile.readline(65537)   # every byte comes within the 30 s timeout; the whole does not
+        stop.set()
+        sender.join()
+        http1.set_read_deadline(rfile, None)   # lifted: the clock is not looked at again
+        right.sendall(b"\n")
+        assert rfile.readline(65537).endswith(b"\n")
+    finally:
+        left.close()
+        right.close()
+
+
+_FUZZ_ALPHABET = b"\r\n\x00\t :;,-\x7f\x80\xb9\xb2\xff0123456789abcdefABCDEF"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_parsers_under_random_input_only_ever_refuse_cleanly(seed):
+    """Seeded, bounded fuzzing of each parser: a value or its documented error, nothing else."""
+    import random
+    rng = random.Random(seed)
+
+    def noise(n):
+        return bytes(rng.choice(_FUZZ_ALPHABET) if rng.random() < 0.7 else rng.randrange(256) for _ in range(n))
+
+    for _ in range(400):
+        lines = [noise(rng.randrange(0, 30)).decode("latin-1") for _ in range(rng.randrange(1, 6))]
+        try:
+            headers = http1.parse_header_lines(lines)
+        except ValueError:
+            pass
+        else:
+            for name, value in headers.items():
+                assert http1._TOKEN_CHARS.fullmatch(name) and name
+                assert not set(value) & {"\r", "\n", "\0"}
+        try:
+            assert http1.parse_chunk_size(noise(rng.randrange(0, 20))) >= 0
+        except ValueError:
+            pass
+        text = noise(rng.randrange(0, 6)).decode("latin-1")
+        try:
+            assert http1.parse_content_length(text) == int(text) and text.isascii()
+        except ValueError:
+            pass
+        data = noise(rng.randrange(0, 200))
+        for trickle in (False, True):
+            try:
+                http1.read_head_lines(reader(data, trickle), 10, max_line=50)
+            except ValueError:   # HeadTooLarge included
+                pass
+            body = http1.ChunkedBody(reader(data, trickle))
+            try:
+                for _ in range(len(data) + 2):
+                    if body.complete:
+                        break
+                    body.read1()
+            except ConnectionError:
+                pass

@@ -6,6 +6,7 @@ HTTPS when urllib3 is absent), so both keep the same contract.  The https
 cases at the end run the proxy against a TLS fake upstream through urllib3 and
 through http.client.
 """
+import json
 import pathlib
 import socket
 import threading
@@ -17,7 +18,7 @@ import pytest
 import ragproxy
 from _ragproxy import deps
 from _ragproxy.upstream import _HTTPClientPool, _SocketPool
-from conftest import API_KEY, TLS_DIR, openai_for, send_slowly, tls_upstream
+from conftest import API_KEY, TLS_DIR, openai_for, proxy_config, send_slowly, tls_upstream
 
 
 class ScriptedServer:
@@ -186,6 +187,80 @@ def test_malformed_chunked_bodies_fail_cleanly(serve, body):
         resp = call(pool, server.url + "/s")
         with pytest.raises(ragproxy.UpstreamError):
             resp.read_all()
+    finally:
+        pool.close()
+
+
+_TWO_EVENTS = {
+    "/v1/chat/completions": (
+        b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n',
+        b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"lo"}}]}\n\n'),
+    "/v1/responses": (
+        b'event: response.created\ndata: {"type":"response.created","sequence_number":0,'
+        b'"response":{"id":"resp_two","object":"response","status":"in_progress","output":[]}}\n\n',
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":1,'
+        b'"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hello"}\n\n'),
+    "/v1/messages": (
+        b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
+        b'"role":"assistant","content":[],"model":"claude-x"}}\n\n',
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"Hello"}}\n\n'),
+    "/api/chat": (
+        b'{"model":"llama3","message":{"role":"assistant","content":"Hel"},"done":false}\n',
+        b'{"model":"llama3","message":{"role":"assistant","content":"lo"},"done":false}\n'),
+}
+
+
+@pytest.mark.parametrize("path,model", [("/v1/chat/completions", "gpt-4o"), ("/v1/responses", "gpt-4o"),
+                                        ("/v1/messages", "claude-x"), ("/api/chat", "llama3")],
+                         ids=["chat", "responses", "messages", "ollama"])
+def test_events_before_a_framing_error_reach_the_client_then_the_in_band_error(serve, make_proxy, path, model):
+    """Two good chunks and a broken size line in ONE send: both events, then the error the README promises."""
+    from test_server import _read_response
+
+    def script(n, conn, req):
+        events = _TWO_EVENTS[req["line"].split()[1]]
+        ctype = b"application/x-ndjson" if events[0].startswith(b"{") else b"text/event-stream"
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: " + ctype + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"zz\r\n")
+        return "close"
+    server = serve(script)
+    proxy = make_proxy(proxy_config(server.url))
+    body = {"model": model, "stream": True, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    if path == "/v1/responses":
+        body = {"model": model, "stream": True, "input": "hi"}
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        status, _, relayed = _read_response(sock)
+    assert status == 200
+    first, second = _TWO_EVENTS[path]
+    assert relayed.startswith(first + second), relayed
+    error = relayed[len(first + second):]
+    if path == "/v1/chat/completions":
+        assert error.startswith(b"data: ") and "mid-stream" in json.loads(error[6:])["error"]["message"]
+    elif path == "/v1/responses":
+        event = json.loads(error.split(b"data: ", 1)[1])
+        assert error.startswith(b"event: response.failed\n") and event["sequence_number"] == 2
+        assert event["response"]["id"] == "resp_two" and event["response"]["status"] == "failed"
+    elif path == "/v1/messages":
+        event = json.loads(error.split(b"data: ", 1)[1])
+        assert error.startswith(b"event: error\n") and event["type"] == "error"
+    else:
+        assert "mid-stream" in json.loads(error)["error"]
+
+
+def test_an_invalid_content_length_or_status_from_the_upstream_is_its_failure(serve):
+    answers = [b"HTTP/1.1 200 OK\r\nContent-Length: \xb9\r\n\r\nx", b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+               b"HTTP/1.1 \xb2\xb0\xb0 OK\r\nContent-Length: 0\r\n\r\n"]
+    server = serve(lambda n, conn, req: (conn.sendall(answers[n - 1]), "close")[1])
+    pool = _SocketPool()
+    try:
+        for _ in answers:
+            with pytest.raises(ragproxy.UpstreamError) as err:
+                call(pool, server.url + "/x").read_all()
+            assert err.value.kind == "unreachable"
     finally:
         pool.close()
 
@@ -426,14 +501,14 @@ def test_https_gateway_with_its_own_certificate_authority(tls_library, gateway, 
     assert gateway.connections_opened == 1  # one TLS connection, kept alive
 
 
-def test_https_gateway_certificate_refused_without_ca_file(tls_library, gateway, make_proxy):
+def test_https_gateway_certificate_refused_without_ca_file(tls_library, gateway, make_proxy, caplog):
     proxy = make_proxy(gateway_config(gateway.url))
     client = openai_for(proxy)
     with pytest.raises(openai.InternalServerError) as info:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-    assert info.value.status_code == 502
-    message = info.value.body["message"]
-    assert "CERTIFICATE_VERIFY_FAILED" in message and "ca_file" in message
+    assert info.value.status_code == 502 and "gateway" in info.value.body["message"]
+    # The log says why, and what to do about it (the client's message may say less: see the README).
+    assert [r for r in caplog.records if "CERTIFICATE_VERIFY_FAILED" in r.getMessage() and "ca_file" in r.getMessage()]
     assert gateway.requests == []
 
 
