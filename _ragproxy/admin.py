@@ -684,7 +684,8 @@ class Admin:
         length = request.headers.get("content-length", "")
         try:
             result = self.uploads.ingest(request.stream, request.headers.get("content-type", ""),
-                                         int(length) if length.isdigit() else None, kb.documents_dir, limits)
+                                         int(length) if length.isascii() and length.isdigit() else None,
+                                         kb.documents_dir, limits)
         except UploadError as exc:
             raise ClientError(exc.status, exc.message, "upload_rejected") from None
         self.app.knowledge_bases.request_index(kb.spec.name)

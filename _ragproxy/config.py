@@ -222,6 +222,8 @@ _SCHEMA = {
         "max_body_bytes": _Field("int", 32 * 1024 * 1024, minimum=1024),
         "max_header_bytes": _Field("int", 64 * 1024, minimum=1024),
         "client_timeout": _Field("number", 300.0, minimum=0.1),
+        "head_timeout": _Field("number", 10.0, minimum=0.1),   # seconds for a whole request line + headers
+        "max_connections": _Field("int", 512, minimum=1),      # more get 503 (GET /health still answers)
         "reload_interval": _Field("number", 2.0, minimum=0),
         "log_level": _Field("str", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     },

@@ -6,6 +6,11 @@ keep-alive response under Nagle and delayed ACK), and stop the upstream the
 moment a client goes away.  The app is passed in; nothing here knows what
 it does with a request.
 
+Two bounds keep a flood of connections from taking the machine: at most
+server.max_connections are served at once (a few more, past it, are read
+only to answer ``GET /health``; the rest get 503 at once), and a request's
+whole head must arrive within server.head_timeout, however it trickles in.
+
 May import: api, defaults, http1.
 """
 from __future__ import annotations
@@ -21,15 +26,17 @@ import threading
 import time
 
 from . import __version__
-from .api import ClientError, Request, StreamResponse, dialect_of, error_response
+from .api import ClientError, Request, StreamResponse, dialect_of, error_response, loggable_path
 from .defaults import DEFAULT_HOST
 from .http1 import (
     MAX_HEADER_LINES,
     HeadTooLarge,
     buffered_head_lines,
     parse_chunk_size,
+    parse_content_length,
     parse_header_lines,
     read_head_lines,
+    set_read_deadline,
     timed_reader,
 )
 
@@ -39,6 +46,10 @@ log = logging.getLogger("ragproxy")
 _REASONS = {code: phrase for code, (phrase, _) in http.server.BaseHTTPRequestHandler.responses.items()}
 _REASONS.update({529: "Overloaded"})
 
+#: Connections past server.max_connections that are still read, to answer
+#: ``GET /health`` (anything else gets 503); past these, 503 before reading.
+HEALTH_RESERVE = 8
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -46,23 +57,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "ragproxy/" + __version__
     sys_version = ""
 
+    def __init__(self, request, client_address, server, overflow=False):
+        self.overflow = overflow  # taken past server.max_connections: /health only, then close
+        super().__init__(request, client_address, server)
+
     def handle_one_request(self):
         """Read, parse and serve one request.
 
         The usual request arrives whole, so its request line and headers are
         taken from the read buffer in one pass (see _buffered_head_lines).  A
-        head split across reads, or with bare LF line ends, goes through
-        http.server's own line-by-line reading and our parse_request, which
-        judge it the same way.
+        head split across reads, or with bare LF line ends, is read line by
+        line (_read_head) and judged the same way.
         """
         try:
             lines = buffered_head_lines(self.rfile)
-            if not lines:
-                # Not all buffered, or not a clean CRLF head (a blank line first
-                # included): the stdlib path reads and judges it.
-                return super().handle_one_request()
-            self.raw_requestline = lines[0].encode("latin-1")
-            if not (self._start_line(lines[0]) and self._accept_headers(lines[1:])):
+            if lines:
+                self._lift_deadline()
+                self.raw_requestline = lines[0].encode("latin-1")
+                if not (self._start_line(lines[0]) and self._accept_headers(lines[1:])):
+                    return
+            elif not self._read_head():
                 return
             serve = getattr(self, "do_" + self.command, None)
             if serve is None:
@@ -70,19 +84,54 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
             serve()
         except (socket.timeout, TimeoutError, BlockingIOError) as exc:  # a read or a write timed out: drop it
-            self.log_error("Request timed out: %r", exc)
+            self.log_message("%s %s timed out: %s", self.command or "-", loggable_path(self.path or "-"), exc)
             self.close_connection = True
 
-    def parse_request(self):
-        """http.server's hook, for heads read line by line: the request line is in raw_requestline."""
-        if not self._start_line(str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")):
-            return False
+    def _read_head(self):
+        """A head read line by line, all of it within server.head_timeout; False if refused.
+
+        Not all buffered, or not a clean CRLF head (a blank line first
+        included): http.server's way, one readline per line, which is slow
+        but rare.  The deadline starts at the first byte (at the connection
+        for its first request), so a peer trickling a byte now and then
+        cannot hold the connection and its thread for ever.
+        """
+        if not self._deadline:
+            self._arm_deadline()
+        self.command, self.path = None, ""
         try:
-            lines = read_head_lines(self.rfile, MAX_HEADER_LINES)
-        except HeadTooLarge as exc:
-            self.send_error(431, str(exc))
+            raw = self.rfile.readline(65537)
+            if not raw:
+                self.close_connection = True
+                return False
+            if len(raw) > 65536:
+                self.send_error(414)
+                return False
+            self.raw_requestline = raw
+            if not self._start_line(str(raw, "iso-8859-1").rstrip("\r\n")):
+                return False
+            try:
+                lines = read_head_lines(self.rfile, MAX_HEADER_LINES)
+            except HeadTooLarge as exc:
+                self.send_error(431, str(exc))
+                return False
+        except (socket.timeout, TimeoutError):
+            self.send_error(408, f"the request head did not arrive within {self.head_timeout:g} s "
+                                 "(server.head_timeout)")
             return False
+        finally:
+            self._lift_deadline()
         return self._accept_headers(lines)
+
+    def _arm_deadline(self):
+        clock = self.server.clock
+        set_read_deadline(self.rfile, clock() + self.head_timeout, clock)
+        self._deadline = True
+
+    def _lift_deadline(self):
+        if self._deadline:
+            set_read_deadline(self.rfile, None)
+            self._deadline = False
 
     def _start_line(self, requestline):
         """The stdlib's checks of the request line; False (an error sent) if it is bad."""
@@ -90,6 +139,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.request_version = "HTTP/0.9"
         self.close_connection = True
         self.requestline = requestline
+        self._continue = False
         words = requestline.split()
         if not words:
             return False
@@ -100,8 +150,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         before_11 = False
         if version != "HTTP/1.1":  # the usual one needs no parsing
             major, dot, minor = version[5:].partition(".")
-            if not (version.startswith("HTTP/") and dot and major.isdigit() and minor.isdigit()
-                    and len(major) <= 10 and len(minor) <= 10):
+            # isascii(): str.isdigit() passes "\xb9" (superscript one), which int() refuses.
+            if not (version.startswith("HTTP/") and version.isascii() and dot and major.isdigit()
+                    and minor.isdigit() and len(major) <= 10 and len(minor) <= 10):
                 self.send_error(400, f"Bad request version ({version!r})")
                 return False
             if int(major) >= 2:
@@ -140,33 +191,59 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return True
 
     def log_request(self, code="-", size="-"):
+        # Not the stdlib's line: it holds the request line as sent, a /k/KEY/ path included.
         if log.isEnabledFor(logging.DEBUG):
-            super().log_request(code, size)
+            self.log_message("%s %s %s %s %s", self.command or "-", loggable_path(self.path or "-"),
+                             self.request_version, code, size)
 
     def setup(self):
         super().setup()  # no self.timeout: the connection's timeouts are set below
         self.rfile.close()  # the stdlib's reader; closing it lets the socket close with the connection
-        self.rfile = timed_reader(self.connection, self.server.app.config.server["client_timeout"],
-                                   io.DEFAULT_BUFFER_SIZE)
+        limits = self.server.app.config.server
+        self.rfile = timed_reader(self.connection, limits["client_timeout"], io.DEFAULT_BUFFER_SIZE)
+        self.command, self.path, self.request_version = None, "", "-"  # until a request line says
+        # The first head is due within head_timeout of the connection: one
+        # that sends nothing holds a thread as surely as one that trickles.
+        self.head_timeout = limits["head_timeout"]
+        if self.overflow:
+            self.head_timeout = min(self.head_timeout, self.server.reserve_head_timeout)
+        self._arm_deadline()
 
     # BaseHTTPRequestHandler reports its own parse errors (bad request line,
     # 414, 431, 501) through send_error; answer those in JSON too.
     def send_error(self, code, message=None, explain=None):
+        self._lift_deadline()  # the deadline was the reads'; the answer gets the usual timeout
         self.close_connection = True
         text = message or _REASONS.get(code, "error")
         path = (getattr(self, "path", "") or "/").partition("?")[0]
         self._write(error_response(dialect_of(path), code, text))
 
     def handle_expect_100(self):
+        if self.server.app.wants_body_stream(self.command, self.path.partition("?")[0]):
+            # An upload, whose caps (uploads.*) are the handler's to apply:
+            # "100 Continue" goes out when it first reads the body, so an
+            # upload refused (too large, no login) is never sent at all.
+            self._continue = True
+            return True
         limit = self.server.app.config.server["max_body_bytes"]
-        length = self.headers.get("content-length", "")
-        if length.isdigit() and int(length) > limit:
-            self.send_error(413, f"request body is larger than {limit} bytes")
-            return False
+        length = self.headers.get("content-length")
+        if length is not None and "chunked" not in self.headers.get("transfer-encoding", "").lower():
+            try:
+                size = parse_content_length(length)
+            except ValueError:
+                self.send_error(400, f"invalid Content-Length: {length!r}")
+                return False
+            if size > limit:
+                self.send_error(413, f"request body is {size} bytes; the limit is {limit} (server.max_body_bytes)")
+                return False
         return super().handle_expect_100()
 
+    def _send_continue(self):
+        with contextlib.suppress(OSError):  # gone: the body's read then comes up short
+            self.connection.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+
     def log_message(self, format, *args):
-        log.debug("%s %s", self.address_string(), format % args)
+        log.debug("%s " + format, self.address_string(), *args)
 
     def _serve(self):
         app = self.server.app
@@ -174,6 +251,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         headers = self.headers
         stream = None
+        if self.overflow:
+            self.close_connection = True  # frees the reserve's place for the next health check
+            if path != "/health" or self.command not in ("GET", "HEAD"):
+                self.server.note_refusal()
+                self._write(error_response(dialect_of(path), 503, self.server.busy_message(), "overloaded",
+                                           [("Retry-After", "1")]))
+                return
         try:
             if self.header_bytes > limits["max_header_bytes"]:
                 raise ClientError(431, f"request headers are larger than {limits['max_header_bytes']} bytes")
@@ -196,7 +280,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             response = error_response(dialect_of(path), 408, "timed out reading the request body")
         except Exception:
-            log.exception("internal error handling %s %s", self.command, path)
+            log.exception("internal error handling %s %s", self.command, loggable_path(path))
             response = error_response(dialect_of(path), 500, "internal error in ragproxy (details are in its log)")
         if stream is not None and stream.remaining:
             self.close_connection = True  # refused before the body was read: the rest is not a request
@@ -213,9 +297,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = headers.get("content-length")
         if length is None:
             return b""
-        if not length.strip().isdigit():
-            raise ClientError(400, f"invalid Content-Length: {length!r}")
-        length = int(length)
+        try:
+            length = parse_content_length(length)
+        except ValueError:
+            raise ClientError(400, f"invalid Content-Length: {length!r}") from None
         if length > limit:
             raise ClientError(413, f"request body is {length} bytes; the limit is {limit} "
                                    "(server.max_body_bytes)", "request_too_large")
@@ -229,9 +314,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise ClientError(411, "uploads need a Content-Length (chunked uploads are not supported)",
                               "length_required")
         length = headers.get("content-length", "0")
-        if not length.strip().isdigit():
-            raise ClientError(400, f"invalid Content-Length: {length!r}")
-        return _BodyReader(self.rfile, int(length))
+        try:
+            size = parse_content_length(length)
+        except ValueError:
+            raise ClientError(400, f"invalid Content-Length: {length!r}") from None
+        return _BodyReader(self.rfile, size, self._send_continue if self._continue else None)
 
     def _read_chunked(self, limit):
         parts, size = [], 0
@@ -280,7 +367,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             try:
                 response.after()
             except Exception:
-                log.exception("after answering %s %s", self.command, self.path)
+                log.exception("after answering %s %s", self.command, loggable_path(self.path))
 
     def _write_stream(self, response):
         chunked = self.request_version != "HTTP/1.0"
@@ -309,12 +396,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class _BodyReader:
-    """The unread request body: ``read(n)`` stops at Content-Length."""
+    """The unread request body: ``read(n)`` stops at Content-Length.
 
-    def __init__(self, rfile, length):
-        self.rfile, self.remaining = rfile, length
+    ``before_read``, when set, runs before the first read (the "100 Continue"
+    a client sending ``Expect: 100-continue`` waits for).
+    """
+
+    def __init__(self, rfile, length, before_read=None):
+        self.rfile, self.remaining, self._before_read = rfile, length, before_read
 
     def read(self, n=-1):
+        if self._before_read is not None:
+            self._before_read, before_read = None, self._before_read
+            if self.remaining > 0:
+                before_read()
         if self.remaining <= 0:
             return b""
         n = self.remaining if n is None or n < 0 else min(n, self.remaining)
@@ -407,14 +502,90 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
     allow_reuse_address = True
+    # A health check sends its head at once; a client trickling one into the
+    # reserve must not keep it from the next check for long.
+    reserve_head_timeout = 2.0
 
-    def __init__(self, address, app):
+    def __init__(self, address, app, clock=time.monotonic):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.app = app
+        self.clock = clock  # for server.head_timeout
         self.hangups = _HangupWatcher()
         self._date = (None, "")
+        self._lock = threading.Lock()
+        self.connections = 0      # being served now, the health reserve's included
+        self._overflow = set()    # sockets taken into the health reserve, until their thread starts
+        self._refused = 0         # since the last warning about it
+        self._warned = None
         super().__init__(address, _Handler)
+
+    def busy_message(self):
+        return (f"ragproxy is serving its maximum of {self.app.config.server['max_connections']} connections "
+                "(server.max_connections); try again shortly")
+
+    def process_request(self, request, client_address):
+        """Serve the connection in a thread of its own, unless too many are served already."""
+        cap = self.app.config.server["max_connections"]
+        with self._lock:
+            count = self.connections
+            taken = count < cap + HEALTH_RESERVE
+            if taken:
+                self.connections += 1
+        if not taken:
+            self._refuse_now(request)
+            return
+        if count >= cap:
+            self._overflow.add(request)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread (the system's limit): the connection is dropped
+            self._overflow.discard(request)
+            with self._lock:
+                self.connections -= 1
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._lock:
+                self.connections -= 1
+
+    def finish_request(self, request, client_address):
+        overflow = request in self._overflow
+        if overflow:
+            self._overflow.discard(request)
+        self.RequestHandlerClass(request, client_address, self, overflow)
+
+    def _refuse_now(self, request):
+        """503 without reading the request: from the accepting thread, so it must never block."""
+        self.note_refusal()
+        response = error_response("openai", 503, self.busy_message(), "overloaded", [("Retry-After", "1")])
+        head = "".join([f"HTTP/1.1 503 {_REASONS[503]}\r\n"]
+                       + [f"{name}: {value}\r\n" for name, value in response.headers]
+                       + [f"Content-Length: {len(response.body)}\r\nConnection: close\r\n"
+                          f"Server: {_Handler.server_version}\r\nDate: {self.http_date()}\r\n\r\n"])
+        with contextlib.suppress(OSError):
+            request.setblocking(False)
+            # Closing on unread bytes would reset the connection, and the
+            # reset can overtake the answer; what has arrived is read first.
+            with contextlib.suppress(OSError):
+                request.recv(65536)
+            request.send(head.encode("latin-1") + response.body)
+        self.shutdown_request(request)
+
+    def note_refusal(self, interval=60.0):
+        """Count a connection refused for the cap; warn of them at most once per ``interval``."""
+        now = self.clock()
+        with self._lock:
+            self._refused += 1
+            if self._warned is not None and now - self._warned < interval:
+                return
+            refused, self._refused, self._warned = self._refused, 0, now
+        log.warning("refused %d request(s) with 503: %d connections are open, the limit is "
+                    "server.max_connections (%d)", refused, self.connections,
+                    self.app.config.server["max_connections"])
 
     def http_date(self, clock=time.time):
         """The Date header's text, formatted once per second rather than per response."""
@@ -433,6 +604,6 @@ class _Server(http.server.ThreadingHTTPServer):
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
-def make_server(app, host=DEFAULT_HOST, port=0):
-    """A bound (not yet serving) threaded HTTP server for ``app``."""
-    return _Server((host, port), app)
+def make_server(app, host=DEFAULT_HOST, port=0, clock=time.monotonic):
+    """A bound (not yet serving) threaded HTTP server for ``app``; ``clock`` times request heads."""
+    return _Server((host, port), app, clock)
