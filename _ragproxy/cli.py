@@ -83,26 +83,30 @@ def _load_secret_key(data_dir, environ, rng=None):
 
 def _setup_logging(level, logs_dir=None, rotate=False):
     """Log to stderr and, with ``logs_dir``, to its rag-proxy.log: rotated (10 MiB x 5) by the
-    server, which writes for days; a one-shot command appends its few lines."""
+    server, which writes for days; a one-shot command appends its few lines.
+
+    Each record is one line (control characters in logged values are escaped:
+    see logfile), and the log file, which may hold request data, is made 0600.
+    """
     import logging
+
+    from .logfile import EscapingFormatter, PrivateFileHandler, PrivateRotatingFileHandler
 
     root = logging.getLogger("ragproxy")
     root.setLevel(level)
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+        handler.close()
+    fmt = EscapingFormatter("%(asctime)s %(levelname)s %(message)s")
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(fmt)
     root.addHandler(console)
     if logs_dir:
         path = os.path.join(logs_dir, "rag-proxy.log")
         if rotate:
-            import logging.handlers
-
-            to_file = logging.handlers.RotatingFileHandler(path, maxBytes=10 * 1024 * 1024, backupCount=5,
-                                                           encoding="utf-8")
+            to_file = PrivateRotatingFileHandler(path, maxBytes=10 * 1024 * 1024, backupCount=5, encoding="utf-8")
         else:
-            to_file = logging.FileHandler(path, encoding="utf-8")
+            to_file = PrivateFileHandler(path, encoding="utf-8")
         to_file.setFormatter(fmt)
         root.addHandler(to_file)
     root.propagate = False
@@ -201,7 +205,10 @@ def main(argv=None, environ=None):
         kbs = KnowledgeBases(config, data_dir)
         return _KB_COMMANDS[command](args, kbs)
     except _CLIError as exc:
-        _log().error("%s", exc)
+        # One record per line: a log line cannot hold a newline (see logfile), and a
+        # config error lists one problem per line.
+        for line in str(exc).splitlines() or [""]:
+            _log().error("%s", line)
         return 2
     except Exception as exc:
         if not isinstance(exc, _reported_errors()):

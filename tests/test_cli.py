@@ -123,10 +123,10 @@ def test_smoke_first_start_proxy_reload_stop(tmp_path, fake, pyz, form, pure):
     assert (data / "logs" / "rag-proxy.log").stat().st_size > 0
 
 
-def _chat(url, key, text="polled"):
+def _chat(url, key, text="polled", model="llama3"):
     """Status and body of one chat completion through the proxy."""
     req = urllib.request.Request(url + "/v1/chat/completions", method="POST",
-                                 data=json.dumps({"model": "llama3", "messages": [
+                                 data=json.dumps({"model": model, "messages": [
                                      {"role": "user", "content": text}]}).encode(),
                                  headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
     try:
@@ -246,3 +246,37 @@ def test_missing_explicit_config_is_an_error(tmp_path):
     p = subprocess.run([sys.executable, SCRIPT, "--data-dir", str(tmp_path), "--config", str(tmp_path / "no.yaml")],
                        stderr=subprocess.PIPE, universal_newlines=True, env=_env(False), timeout=20)
     assert p.returncode == 2 and "does not exist" in p.stderr
+
+
+def _config_with_a_dense_kb(fake_url):
+    """One Ollama upstream and a dense KB whose embeddings come from the fake upstream too."""
+    return (f"api_keys: [{API_KEY}]\nproviders:\n  llm:\n    ol: {{type: ollama, base_url: '{fake_url}', "
+            f"read_timeout: 5}}\n  embedding:\n    em: {{type: openai, base_url: '{fake_url}/v1', model: emb}}\n"
+            "models:\n  - {name: '*', upstream: ol, kb: [docs]}\n"
+            "knowledge_bases:\n  docs: {retrieval: dense, embedding: em}\n")
+
+
+def test_a_model_name_cannot_forge_a_log_line(tmp_path, fake):
+    data = tmp_path / "d"
+    (data / "config").mkdir(parents=True)
+    (data / "documents" / "docs").mkdir(parents=True)
+    (data / "documents" / "docs" / "retry.md").write_text("# Retries\n\nRetry uploads with a backoff.\n")
+    (data / "config" / "config.yaml").write_text(_config_with_a_dense_kb(fake.url))
+    proc = Proc([sys.executable, SCRIPT, "--data-dir", str(data), "--port", "0"], _env(False))
+    try:
+        proc.read_log_until("indexed docs")
+        # The query's embedding fails, so retrieval logs a warning naming the model.
+        fake.fail_next(400, path="/v1/embeddings", count=10)
+        status, _ = _chat(proc.url, API_KEY, "how do retries work?", model="llama3\nERROR forged\x1b[2J\u2028x")
+        assert status == 200   # on_failure: degrade
+        line = proc.read_log_until("retrieval failed")
+    finally:
+        assert proc.stop() == 0
+    assert "retrieval failed for llama3\\nERROR forged\\x1b[2J\\u2028x (docs)" in line
+    log_file = data / "logs" / "rag-proxy.log"
+    logged = log_file.read_text(encoding="utf-8")
+    assert "retrieval failed for llama3\\nERROR forged\\x1b[2J\\u2028x (docs)" in logged
+    assert not [ln for ln in logged.splitlines() if "forged" in ln and "retrieval failed" not in ln]
+    assert "\x1b" not in logged and "\u2028" not in logged
+    assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
+

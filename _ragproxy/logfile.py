@@ -1,0 +1,69 @@
+"""Log lines and the log file: escape_controls, EscapingFormatter and the private file handlers.
+
+Log lines carry values from requests (model names, paths, KB and file names,
+header values).  A newline in one of them would start a line of its own that
+reads like a record ragproxy never wrote ("... ERROR forged"); ANSI escapes
+would drive the terminal.  EscapingFormatter escapes every control character
+in the formatted line (C0, DEL, C1, and U+2028/U+2029, which some readers
+also treat as line breaks), so one record is one line; a traceback, appended
+after the message, keeps its lines.  The log file may hold request data, so
+it is created readable by its owner only (0600), as the files holding keys are.
+
+May import: nothing (the standard library only).
+"""
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import re
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match):
+    char = match.group()
+    return _NAMED.get(char) or ("\\x%02x" % ord(char) if ord(char) < 0x100 else "\\u%04x" % ord(char))
+
+
+def escape_controls(text):
+    """``text`` on one line: control characters and Unicode line breaks as ``\\n``, ``\\x1b``, ``\\u2028``.
+
+    Backslashes are left alone (Windows paths stay readable), so a literal
+    ``\\n`` in a value reads the same as an escaped newline; neither breaks the line.
+    """
+    return _CONTROL.sub(_escaped, text)
+
+
+class EscapingFormatter(logging.Formatter):
+    """A Formatter whose records are one line each, whatever the logged values hold.
+
+    Only the formatted message is escaped: ``exc_text`` and ``stack_info``,
+    multi-line by design, follow it as Python formatted them.
+    """
+
+    def formatMessage(self, record):
+        return escape_controls(super().formatMessage(record))
+
+
+def _open_private(handler):
+    # os.open's mode applies when the file is created; an existing file keeps its own.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_BINARY", 0)  # io translates newlines
+    fd = os.open(handler.baseFilename, flags, 0o600)
+    return open(fd, handler.mode, encoding=handler.encoding, errors=getattr(handler, "errors", None))
+
+
+class PrivateFileHandler(logging.FileHandler):
+    """A FileHandler (append) whose file, when it creates it, is readable by its owner only."""
+
+    def _open(self):
+        return _open_private(self)
+
+
+class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A RotatingFileHandler whose files are readable by their owner only, the fresh one after a
+    rollover as well (the rotated ones are renamed and keep their mode)."""
+
+    def _open(self):
+        return _open_private(self)
