@@ -112,6 +112,18 @@ def _setup_logging(level, logs_dir=None, rotate=False):
     root.propagate = False
 
 
+def _show_secret(message, *args):
+    """A new secret, once, on the terminal (stderr) only: formatted as a log line and shown whatever
+    the log level, but never written to the log file, which whoever looks after the server reads."""
+    import logging
+
+    logger = _log()
+    record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, message, args, None)
+    for handler in logger.handlers:
+        if not isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def _parse_args(argv):
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", default=argparse.SUPPRESS, help="data directory (RAGPROXY_DATA_DIR, ./data)")
@@ -178,8 +190,9 @@ def _load_settings(opt, environ):
         raise _CLIError(f"invalid configuration, not starting:\n{exc}") from None
     _setup_logging(config.server["log_level"], os.path.join(data_dir, "logs"), serving)
     if created_key:
-        _log().info("wrote a default config to %s; clients authenticate with the API key %s", config_path,
-                 created_key)
+        _log().info("wrote a default config to %s with a new client key in api_keys (shown on the terminal "
+                    "only)", config_path)
+        _show_secret("clients authenticate with the API key %s (shown once; also in %s)", created_key, config_path)
     return data_dir, config_path, overrides, config
 
 
@@ -348,8 +361,9 @@ def _serve(data_dir, config_path, overrides, config, environ):
     except OSError as exc:
         raise _CLIError(f"cannot listen on {config.server['host']}:{config.server['port']}: {exc}") from None
     if secret_created:
-        _log().info("admin panel key (shown once; also in %s): %s",
-                 os.path.join(data_dir, "config", "secret_key.yaml"), secret_key)
+        secret_path = os.path.join(data_dir, "config", "secret_key.yaml")
+        _log().info("created the admin panel key in %s (shown on the terminal only)", secret_path)
+        _show_secret("admin panel key (shown once; also in %s): %s", secret_path, secret_key)
     watcher = ConfigWatcher(app, config_file)
     threading.Thread(target=watcher.run, name="config-watcher", daemon=True).start()
     app.knowledge_bases.start()

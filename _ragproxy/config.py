@@ -647,7 +647,7 @@ def write_default_config(path, rng=None):
     if rng is None:
         import secrets as rng
     key = "rp-" + rng.token_urlsafe(24)
-    atomic_write(path, DEFAULT_CONFIG_TEMPLATE.replace("@@API_KEY@@", key).encode("utf-8"))
+    atomic_write(path, DEFAULT_CONFIG_TEMPLATE.replace("@@API_KEY@@", key).encode("utf-8"), mode=0o600)
     return key
 
 

@@ -280,3 +280,29 @@ def test_a_model_name_cannot_forge_a_log_line(tmp_path, fake):
     assert "\x1b" not in logged and "\u2028" not in logged
     assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
 
+
+def test_first_start_shows_the_keys_on_the_terminal_only_and_keeps_the_files_private(tmp_path):
+    data = tmp_path / "data"
+    proc = Proc([sys.executable, SCRIPT, "--data-dir", str(data), "--port", "0"], _env(False))
+    try:
+        terminal = "".join(proc.log)
+        _get(proc.url + "/health")   # serving, its signal handlers in place
+    finally:
+        assert proc.stop() == 0
+    # Shown once on stderr, and kept in the files they live in.
+    api_key = re.search(r"clients authenticate with the API key (\S+)", terminal).group(1)
+    panel_key = re.search(r"admin panel key \(shown once; also in \S+\): (\S+)", terminal).group(1)
+    config, secret = data / "config" / "config.yaml", data / "config" / "secret_key.yaml"
+    assert api_key in config.read_text() and panel_key in secret.read_text()
+    log_file = data / "logs" / "rag-proxy.log"
+    proc = Proc([sys.executable, SCRIPT, "--data-dir", str(data), "--port", "0"], _env(False))
+    try:
+        again = "".join(proc.log)
+        _get(proc.url + "/health")
+    finally:
+        assert proc.stop() == 0
+    assert api_key not in again and panel_key not in again   # once: not at the next start
+    logged = log_file.read_text()
+    assert "listening on" in logged and api_key not in logged and panel_key not in logged
+    for path in (config, secret, log_file):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
