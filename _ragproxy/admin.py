@@ -4,8 +4,12 @@ Sessions are HS256 JWTs signed with the panel secret key; every change goes
 through ConfigFile (validated, atomic, previous file kept), so a restart
 comes back to the same state.  The route table is also the OpenAPI
 document.  The panel itself is static/panel.html, read beside the package.
+Keys (client api_keys, providers' api_key and credential headers) leave it
+masked, in the views and in config.yaml's text alike; a masked key sent back
+unchanged keeps the stored one (see masking).
 
-May import: api, config, deps, docfolder, embeddings, files, jsonbody, uploads, upstream.
+May import: api, config, deps, docfolder, embeddings, files, jsonbody, masking, uploads, upstream,
+yamlish.
 """
 from __future__ import annotations
 
@@ -32,8 +36,10 @@ from .docfolder import read_manifest
 from .embeddings import EmbeddingClient, EmbeddingError, RerankClient, RerankError
 from .files import remove_leftover_dirs
 from .jsonbody import json_object_of
+from .masking import MaskError, is_secret_header, mask_secret, mask_text, restore, restore_text
 from .uploads import UploadError, UploadLimits, Uploads
 from .upstream import UpstreamError
+from .yamlish import YAMLError
 
 log = logging.getLogger("ragproxy")
 
@@ -138,17 +144,6 @@ class _LoginThrottle:
             self._clients.pop(client, None)
 
 
-def _mask_secret(value):
-    """What the panel shows of a stored key: enough to recognise it, not to use it."""
-    if not value:
-        return ""
-    if "${" in value:
-        return value  # an environment reference, not the secret itself
-    if len(value) <= 8:
-        return "\u2022" * 8
-    return value[:3] + "\u2022" * 4 + value[-4:]
-
-
 def _json_object(request):
     """The admin request's JSON object; no body counts as ``{}``."""
     return json_object_of(request.body) if request.body else {}
@@ -235,8 +230,9 @@ _ADMIN_ROUTES = (
     _AdminRoute("GET", "logs", "list_logs", "The request log, newest first, filtered"),
     _AdminRoute("GET", "logs/{id}", "get_log", "One logged request and the chunks it injected"),
     _AdminRoute("GET", "stats", "stats", "Volume, hit rate, latency, hourly trend, per model and per KB"),
-    _AdminRoute("GET", "settings", "get_settings", "config.yaml as text"),
-    _AdminRoute("PUT", "settings", "put_settings", "Replace config.yaml (validated first; previous file kept)"),
+    _AdminRoute("GET", "settings", "get_settings", "config.yaml as text, its keys masked"),
+    _AdminRoute("PUT", "settings", "put_settings",
+                "Replace config.yaml (validated first; previous file kept; masked keys keep the stored ones)"),
     _AdminRoute("POST", "settings/validate", "validate_settings", "Validate config.yaml text without saving"),
 )
 
@@ -387,7 +383,10 @@ class Admin:
     def _provider_view(name, spec):
         view = {"name": name, **copy_default(spec)}
         view["has_api_key"] = bool(spec.get("api_key"))
-        view["api_key"] = _mask_secret(spec.get("api_key", ""))
+        view["api_key"] = mask_secret(spec.get("api_key", ""))
+        if isinstance(view.get("headers"), dict):
+            view["headers"] = {name: mask_secret(value) if is_secret_header(name) and isinstance(value, str)
+                               else value for name, value in view["headers"].items()}
         return view
 
     def list_providers(self, request):
@@ -427,13 +426,23 @@ class Admin:
         stored = self._existing_provider(kind, name)
         body = _json_object(request)
         body.pop("name", None)
-        if body.get("api_key") in (None, _mask_secret(stored.get("api_key", ""))) and stored.get("api_key"):
+        if body.get("api_key") is None or restore(body["api_key"], stored.get("api_key")) != body["api_key"]:
             body.pop("api_key", None)  # the panel sends back the masked key unchanged
+        headers = body.get("headers")
+        running = stored.get("headers") or {}
 
         def change(data):
             providers = _config_map(data, "providers", kind)
             if not isinstance(providers.get(name), dict):
                 raise ClientError(404, f"no {kind} provider {name!r} in the config file", "not_found")
+            if isinstance(headers, dict):
+                # A masked header sent back unchanged keeps the value as written (perhaps ${VAR}),
+                # which the running config holds substituted.
+                written = providers[name].get("headers") if isinstance(providers[name].get("headers"), dict) \
+                    else {}
+                for header, value in headers.items():
+                    if is_secret_header(header) and restore(value, running.get(header)) != value:
+                        headers[header] = written.get(header, running[header])
             providers[name].update(body)
 
         config = self._change(change)
@@ -782,16 +791,31 @@ class Admin:
     # -- settings -----------------------------------------------------------
 
     def _settings_text(self, request):
+        """The submitted config.yaml, with the stored secrets back where it has them masked."""
         text = _json_object(request).get("text")
         if not isinstance(text, str):
             raise ClientError(400, "'text' (the whole config.yaml) is required")
-        return text
+        try:
+            stored = self.config_file.read_text()
+        except (OSError, UnicodeDecodeError):
+            stored = None   # nothing to restore from: a masked value is then an error
+        try:
+            return restore_text(text, stored)
+        except MaskError as exc:
+            raise ConfigError(exc.errors, os.path.basename(self.config_file.path)) from None
 
     def get_settings(self, request):
         try:
             text = self.config_file.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise ClientError(500, f"cannot read {self.config_file.path}: {exc}") from None
+        try:
+            text = mask_text(text)
+        except YAMLError as exc:
+            # Its keys cannot be found to be masked, so the text is not shown.
+            raise ClientError(409, f"{self.config_file.path} does not parse (line {exc.line}: {exc.msg}), so "
+                                   "its keys cannot be masked for the editor: fix it in the file itself",
+                              "invalid_config") from None
         return json_response(200, {"text": text, "path": self.config_file.path})
 
     def validate_settings(self, request):
@@ -799,7 +823,8 @@ class Admin:
         return json_response(200, {"ok": True})
 
     def put_settings(self, request):
-        config = self.config_file.write(self._settings_text(request))
+        with self.config_file.lock:   # the file the masked values are restored from is the one replaced
+            config = self.config_file.write(self._settings_text(request))
         self.app.reload(config)
         log.info("config.yaml replaced through the admin API from %s", request.client)
         return json_response(200, {"ok": True, "backup": self.config_file.path + ".bak"})

@@ -384,23 +384,25 @@ def test_a_proxied_request_appears_in_the_log_with_its_chunks(admin_proxy, fake)
 def test_settings_edit_validates_with_line_numbers_and_keeps_a_backup(admin_proxy):
     admin = admin_proxy.admin()
     status, _, body = admin.get("/admin/api/settings")
-    original = body["text"]
+    original, stored = body["text"], admin_proxy.config_path.read_text()   # the text has its keys masked
     assert status == 200 and "providers:" in original and body["path"] == str(admin_proxy.config_path)
     broken = original.replace("api_key_auth: true", "api_key_auth: true\nrag:\n  top_k: lots")
     status, _, body = admin.put("/admin/api/settings", {"text": broken})
     assert status == 400 and body["error"]["code"] == "invalid_config"
     err = body["error"]["errors"][0]
     assert err["path"] == "rag.top_k" and err["line"] == broken.splitlines().index("  top_k: lots") + 1
-    assert admin_proxy.config_path.read_text() == original
+    assert admin_proxy.config_path.read_text() == stored
     status, _, body = admin.post("/admin/api/settings/validate", {"text": "models: [\n"})
     assert status == 400 and body["error"]["errors"][0]["line"] is not None
     assert admin.post("/admin/api/settings/validate", {"text": original})[2] == {"ok": True}
     edited = original.replace("api_key_auth: true", "api_key_auth: true\nrag:\n  top_k: 9")
     status, _, body = admin.put("/admin/api/settings", {"text": edited})
     assert status == 200 and body["backup"].endswith(".bak")
-    assert admin_proxy.app.config.rag["top_k"] == 9 and admin_proxy.config_path.read_text() == edited
+    assert admin_proxy.app.config.rag["top_k"] == 9
+    assert admin_proxy.config_path.read_text() == stored.replace("api_key_auth: true",
+                                                                 "api_key_auth: true\nrag:\n  top_k: 9")
     with open(body["backup"]) as f:
-        assert f.read() == original
+        assert f.read() == stored
     assert admin.put("/admin/api/settings", {"text": 5})[0] == 400
 
 
@@ -647,3 +649,106 @@ def test_a_kb_deletion_cut_short_is_finished_at_the_next_start(tmp_path):
     assert _tree(tmp_path) == sorted(["documents", "documents/keep", "elsewhere", "vectordb", "vectordb/.deleted-link",
                                       "vectordb/keep"])
     assert ragproxy.remove_deleted_kbs(str(tmp_path / "missing")) == []
+
+
+# -- secrets ----------------------------------------------------------------------
+
+def _config_with_secrets(fake_url):
+    return f"""\
+# ragproxy for the team
+api_keys:
+  - {API_KEY}            # the laptops
+  - {{key: "ci-client-key-5678", name: ci}}
+providers:
+  llm:
+    oa:
+      type: openai
+      base_url: "{fake_url}/v1"
+      api_key: upstream-openai-key     # from the vendor console
+      headers: {{X-Upstream-Auth: "hdr-secret-value-42", X-Tenant: acme}}
+    env: {{type: openai, base_url: "{fake_url}/v1", api_key: "${{NO_SUCH_KEY:-}}"}}
+models:
+  - {{name: "*", upstream: oa}}
+"""
+
+
+SECRETS = (API_KEY, "ci-client-key-5678", "upstream-openai-key", "hdr-secret-value-42")
+
+
+def test_settings_text_masks_every_key_and_a_save_keeps_the_stored_ones(make_admin_proxy, fake):
+    proxy = make_admin_proxy(_config_with_secrets(fake.url))
+    stored = proxy.config_path.read_text()
+    admin = proxy.admin()
+    status, _, body = admin.get("/admin/api/settings")
+    text = body["text"]
+    assert status == 200
+    for secret in SECRETS:
+        assert secret not in text, secret
+    assert "upstream-openai-key" in stored   # what the file holds is unchanged by showing it
+    # Masked in place: the same lines, the comments kept, what is not a key shown as written.
+    assert len(text.splitlines()) == len(stored.splitlines())
+    assert "ups\u2022\u2022\u2022\u2022-key     # from the vendor console" in text
+    assert "# the laptops" in text and "X-Tenant: acme" in text and "${NO_SUCH_KEY:-}" in text
+    assert admin.post("/admin/api/settings/validate", {"text": text})[2] == {"ok": True}
+    # Saved back with one edit: the file has the real keys again, and the edit.
+    edited = text.replace("# ragproxy for the team", "# ragproxy for the team\nrag: {top_k: 7}")
+    status, _, body = admin.put("/admin/api/settings", {"text": edited})
+    assert status == 200, body
+    assert proxy.config_path.read_text() == stored.replace("# ragproxy for the team",
+                                                           "# ragproxy for the team\nrag: {top_k: 7}")
+    assert proxy.app.config.rag["top_k"] == 7
+    if os.name != "nt":
+        for path in (str(proxy.config_path), body["backup"]):
+            assert os.stat(path).st_mode & 0o777 == 0o600, path
+    # The running proxy still takes the client key and sends the upstream its own key and header.
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="ci-client-key-5678", max_retries=0)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert fake.last.headers["authorization"] == "Bearer upstream-openai-key"
+    assert fake.last.headers["x-upstream-auth"] == "hdr-secret-value-42"
+
+
+def test_a_masked_key_that_matches_no_stored_one_is_refused_with_its_line(make_admin_proxy, fake):
+    proxy = make_admin_proxy(_config_with_secrets(fake.url))
+    stored = proxy.config_path.read_text()
+    admin = proxy.admin()
+    text = admin.get("/admin/api/settings")[2]["text"]
+    forged = text.replace("ups\u2022\u2022\u2022\u2022-key", "abc\u2022\u2022\u2022\u2022-key")
+    for method in (admin.put, lambda path, body: admin.post(path + "/validate", body)):
+        status, _, body = method("/admin/api/settings", {"text": forged})
+        assert status == 400 and body["error"]["code"] == "invalid_config", body
+        (error,) = body["error"]["errors"]
+        assert error["path"] == "providers.llm.oa.api_key" and "matches no stored key" in error["message"]
+        assert error["line"] == forged.splitlines().index("      api_key: abc\u2022\u2022\u2022\u2022-key     "
+                                                           "# from the vendor console") + 1
+    assert proxy.config_path.read_text() == stored
+    # A key typed over its mask is the new key.
+    typed = text.replace("ups\u2022\u2022\u2022\u2022-key", "a-new-upstream-key")
+    assert admin.put("/admin/api/settings", {"text": typed})[0] == 200
+    assert "api_key: a-new-upstream-key     # from the vendor console" in proxy.config_path.read_text()
+
+
+def test_settings_of_a_file_that_does_not_parse_are_not_shown(make_admin_proxy, fake):
+    proxy = make_admin_proxy(_config_with_secrets(fake.url))
+    admin = proxy.admin()
+    proxy.config_path.write_text(proxy.config_path.read_text() + "models: [\n")
+    status, _, body = admin.get("/admin/api/settings")
+    assert status == 409 and body["error"]["code"] == "invalid_config" and "text" not in body
+    assert "does not parse" in body["error"]["message"] and "upstream-openai-key" not in json.dumps(body)
+
+
+def test_provider_views_mask_credential_headers_and_keep_them_when_sent_back(make_admin_proxy, fake):
+    proxy = make_admin_proxy(_config_with_secrets(fake.url))
+    admin = proxy.admin()
+    status, _, listing = admin.get("/admin/api/providers")
+    (oa,) = [p for p in listing["llm"] if p["name"] == "oa"]
+    assert oa["headers"] == {"X-Upstream-Auth": "hdr\u2022\u2022\u2022\u2022e-42", "X-Tenant": "acme"}
+    for secret in SECRETS:
+        assert secret not in json.dumps(listing), secret
+    # The panel's editor sends the whole form back: masked values unchanged, one header edited.
+    status, _, body = admin.put("/admin/api/providers/llm/oa", {
+        "api_key": oa["api_key"], "headers": dict(oa["headers"], **{"X-Tenant": "umbrella"})})
+    assert status == 200, body
+    on_disk = ragproxy.Config.load(str(proxy.config_path), environ={}).providers["llm"]["oa"]
+    assert on_disk.api_key == "upstream-openai-key"
+    assert dict(on_disk.headers) == {"X-Upstream-Auth": "hdr-secret-value-42", "X-Tenant": "umbrella"}
+    assert body["headers"]["X-Upstream-Auth"] == "hdr\u2022\u2022\u2022\u2022e-42"

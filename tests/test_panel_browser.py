@@ -443,7 +443,12 @@ def test_settings_validation_error_then_save(panel):
     panel.nav("settings", "settings-editor")
     editor = panel.tid("settings-editor")
     text = editor.input_value()
-    assert text == original.decode("utf-8")
+    # The keys are masked in place: the file's lines, none of its keys.
+    stored = original.decode("utf-8")
+    assert len(text.splitlines()) == len(stored.splitlines()) and "ups\u2022\u2022\u2022\u2022-key" in text
+    for secret in (API_KEY, "upstream-openai-key", "upstream-anthropic-key"):
+        assert secret in stored and secret not in text, secret
+    expect(page.get_by_text("Keys are shown masked")).to_be_visible()
 
     # An unknown key: the error names its line, the line is marked, nothing is written.
     base = text if text.endswith("\n") else text + "\n"
@@ -475,6 +480,6 @@ def test_settings_validation_error_then_save(panel):
     panel.tid("settings-save").click()
     expect(panel.tid("settings-status")).to_contain_text("Saved")
     backup = panel.tid("settings-backup").inner_text()
-    assert config_path.read_text().startswith("# edited in the admin panel\n")
+    assert config_path.read_text() == "# edited in the admin panel\n" + stored   # the stored keys kept
     assert pathlib.Path(backup).read_bytes() == original
     panel.shot("settings")
