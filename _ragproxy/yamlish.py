@@ -2,8 +2,10 @@
 
 config.yaml is read with PyYAML when it is installed (``deps.yaml``) and with
 parse_yaml() otherwise; both paths return the same ``(data, positions)`` and
-refuse the same unsupported features, so a config never means two different
-things.  parse_yaml's docstring has the grammar; errors carry line and column.
+refuse the same unsupported features and the same nesting beyond MAX_NESTING,
+so a config never means two different things and no text, however deep,
+raises anything but YAMLError.  parse_yaml's docstring has the grammar;
+errors carry line and column.
 dump_yaml writes what the admin API saves back.
 
 May import: deps.
@@ -58,6 +60,12 @@ _YAML_UNSUPPORTED = {
     "=": "a plain '=' is not supported; quote it",
 }
 _YAML_TAB = "tab characters are not allowed here; indent and separate with spaces"
+#: Collections nested deeper than this are refused on both paths.  A config is a
+#: few levels deep; the parsers recurse once or more per level, and Python's
+#: recursion limit (1000 frames) must never be what stops a hostile file.
+MAX_NESTING = 64
+_YAML_TOO_DEEP = ("collections are nested more than %d levels deep (a config needs a few); "
+                  "check for unclosed brackets" % MAX_NESTING)
 
 
 class YAMLError(ValueError):
@@ -93,6 +101,8 @@ def parse_yaml(text):
         scalar       ::= plain | "'" ( char | "''" )* "'" | '"' ( char | escape )* '"'
         escape       ::= \\ \" \/ \0 \a \b \t \n \v \f \r \e \N \_ \L \P "\ "
                        | \xXX | \uXXXX | \UXXXXXXXX | \ line-break
+        nesting      ::= block-map, block-seq, "[", "{" and the one-key map of an
+                       entry at most MAX_NESTING (64) deep; the root is level 1
 
     Plain and quoted scalars and flow collections may span lines (line breaks
     fold to spaces, blank lines to newlines).  Plain
@@ -100,12 +110,15 @@ def parse_yaml(text):
     and empty; bool ``true false yes no on off`` in lower, Capitalised and UPPER
     case; int ``12 0x1F 017 0b101 1_000 1:30``; float ``1.5 1.0e+3 .5 .inf .nan``
     (``1e3`` and ``0o17`` stay strings); ``2024-01-31`` dates and timestamps.
-    Comments start at ``#`` after whitespace.  Not supported, each a YAMLError
-    at the offending character: anchors, aliases, tags, ``? `` and empty keys,
-    collections as keys, merge keys, directives, several documents, tabs outside
-    quoted/block scalars and comments, control characters and the Unicode line
-    breaks U+0085/U+2028/U+2029.  Stricter than PyYAML: a duplicate key is an
-    error.  load_yaml() refuses the same things when it reads with PyYAML.
+    Comments start at ``#`` after whitespace.  A collection nested deeper than
+    MAX_NESTING is a YAMLError at its first character (its first key, dash or
+    bracket), on both paths, so no document, however deep, raises
+    RecursionError.  Not supported, each a YAMLError at the offending
+    character: anchors, aliases, tags, ``? `` and empty keys, collections as
+    keys, merge keys, directives, several documents, tabs outside quoted/block
+    scalars and comments, control characters and the Unicode line breaks
+    U+0085/U+2028/U+2029.  Stricter than PyYAML: a duplicate key is an error.
+    load_yaml() refuses the same things when it reads with PyYAML.
     """
     return _YamlParser(text).parse()
 
@@ -134,6 +147,8 @@ def load_yaml(text):
         raise
     except (ValueError, OverflowError) as exc:   # "\U00110000": PyYAML's scanner lets chr() fail
         raise YAMLError(str(exc), *_pyyaml_mark(loader.get_mark())) from None
+    except RecursionError:   # the composer is held to MAX_NESTING; this is for a caller deep in its own stack
+        raise YAMLError("nested too deeply for Python's recursion limit", *_pyyaml_mark(loader.get_mark())) from None
     finally:
         loader.dispose()
 
@@ -146,9 +161,26 @@ def _strict_safe_loader(yaml_module):
             mark = self.get_mark()
             raise YAMLError(_YAML_UNSUPPORTED[indicator], *_pyyaml_mark(mark))
         return fetch
-    return type("StrictSafeLoader", (yaml_module.SafeLoader,), {
+
+    def nested(compose):
+        # PyYAML's composer recurses once per level, and a RecursionError would
+        # leave it half-way; count levels as parse_yaml does and stop first.
+        def compose_collection(self, anchor):
+            if self.nesting >= MAX_NESTING:
+                raise YAMLError(_YAML_TOO_DEEP, *_pyyaml_mark(self.peek_event().start_mark))
+            self.nesting += 1
+            try:
+                return compose(self, anchor)
+            finally:
+                self.nesting -= 1
+        return compose_collection
+
+    safe = yaml_module.SafeLoader
+    return type("StrictSafeLoader", (safe,), {
         "fetch_anchor": refuse("&"), "fetch_alias": refuse("*"), "fetch_tag": refuse("!"),
-        "fetch_key": refuse("?"), "fetch_directive": refuse("%")})
+        "fetch_key": refuse("?"), "fetch_directive": refuse("%"), "nesting": 0,
+        "compose_sequence_node": nested(safe.compose_sequence_node),
+        "compose_mapping_node": nested(safe.compose_mapping_node)})
 
 
 def _yaml_check_characters(text):
@@ -268,6 +300,7 @@ class _YamlParser:
         self.text = text + "\0"
         self.line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
         self.positions = {}
+        self.opened = 0   # where the innermost collection began: a RecursionError's position
 
     # -- positions and errors ------------------------------------------------
     def mark(self, pos):
@@ -329,6 +362,12 @@ class _YamlParser:
     def is_entry(self, pos):
         return self.text[pos] == "-" and self.text[pos + 1] in _YAML_BLANK
 
+    def nest(self, pos, path):
+        """Refuse the collection starting at pos if it is too deep (its level is len(path) + 1)."""
+        if len(path) >= MAX_NESTING:
+            raise self.error(_YAML_TOO_DEEP, pos)
+        self.opened = pos
+
     # -- document and block structure ------------------------------------------
     def parse(self):
         text = self.text
@@ -345,7 +384,10 @@ class _YamlParser:
         data = None
         if self.level(pos) >= 0:
             self.positions[()] = self.mark(pos)
-            data, pos = self.node(pos, -1, (), where)
+            try:
+                data, pos = self.node(pos, -1, (), where)
+            except RecursionError:   # MAX_NESTING keeps well below the limit; a caller deep in its own stack may not
+                raise self.error("nested too deeply for Python's recursion limit", self.opened) from None
         ended = False
         while text[pos] == "." and self.at_marker(pos):
             ended, pos = True, self.end_of_line(pos + 3)
@@ -397,6 +439,7 @@ class _YamlParser:
         return (self.resolve(text[pos:end], pos) if key is None else key), colon + 1
 
     def block_mapping(self, pos, indent, path):
+        self.nest(pos, path)
         result = {}
         while True:
             key = self.try_key(pos)
@@ -440,6 +483,7 @@ class _YamlParser:
         return level > indent or (level == indent and self.text[pos] in "|>")
 
     def block_sequence(self, pos, indent, path, indentless):
+        self.nest(pos, path)
         text = self.text
         items = []
         while True:
@@ -646,6 +690,7 @@ class _YamlParser:
     # -- flow collections ------------------------------------------------------
     def flow_collection(self, pos, path):
         """``[...]`` or ``{...}`` at pos; returns (value, position after the closing bracket)."""
+        self.nest(pos, path)
         text = self.text
         is_map = text[pos] == "{"
         close = "}" if is_map else "]"
@@ -659,6 +704,7 @@ class _YamlParser:
                 self.positions[item_path] = self.mark(item)
                 value, end = self.flow_node(item, item_path)
                 if text[self.skip_spaces(end)] == ":":   # "[k: v]" holds a one-key mapping
+                    self.nest(item, item_path)
                     value = {}
                     end = self.flow_pair(item, pos, value, item_path)
                 result.append(value)

@@ -4,12 +4,14 @@ Every test that needs PyYAML imports it itself (and skips without it), so the
 in-house parser is checked against it even when RAGPROXY_PURE=1 switches
 ragproxy itself to the fallback.
 """
+import collections
 import datetime
 import glob
 import json
 import math
 import os
 import random
+import sys
 
 import pytest
 
@@ -358,3 +360,168 @@ def test_dump_yaml_of_a_real_config_is_readable_and_loads_the_same():
     after = ragproxy.Config.from_text(text, environ=environ)
     assert after.raw == before.raw
     assert '"${GATEWAY_KEY}"' in text  # references are kept, never replaced by their values
+
+
+# -- nesting: however deep, a YAML error with a line, never RecursionError ----
+
+INVALID = sorted(glob.glob(os.path.join(DATA, "invalid", "*.yaml")))
+
+
+def depth(value):
+    if isinstance(value, dict):
+        return 1 + max(map(depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(depth, value), default=0)
+    return 0
+
+
+def test_the_nesting_limit_golden_file_is_at_the_limit(load):
+    data, _ = load(read(os.path.join(DATA, "nesting_limit.yaml")))
+    assert depth(data) == yamlish.MAX_NESTING == 64
+
+
+@pytest.mark.parametrize("path", INVALID, ids=os.path.basename)
+def test_invalid_golden_files(path, load):
+    with pytest.raises(ragproxy.YAMLError) as info:
+        load(read(path))
+    want = expected(path)
+    assert (info.value.line, info.value.col, info.value.msg) == (want["line"], want["column"], want["message"])
+
+
+def deep_document(kind, levels):
+    """``levels`` collections of one kind nested in each other (and closed), and the
+    (line, col) where the collection one level past MAX_NESTING starts."""
+    limit = yamlish.MAX_NESTING + 1
+    if kind == "flow sequences":     # "k: [[[x]]]": the root mapping is level 1
+        return "k: " + "[" * (levels - 1) + "x" + "]" * (levels - 1) + "\n", (1, 4 + (limit - 2))
+    if kind == "flow mappings":
+        return "k: " + "{a: " * (levels - 1) + "x" + "}" * (levels - 1) + "\n", (1, 4 + 4 * (limit - 2))
+    if kind == "one-key mappings":   # "[a: ...]": a sequence holding a one-key mapping, two levels each
+        pairs = (levels - 1) // 2
+        return "k: " + "[a: " * pairs + "x" + "]" * pairs + "\n", (1, 5 + 4 * ((limit - 1) // 2 - 1))
+    if kind == "block mappings":     # one space of indentation per level
+        lines = [" " * i + f"k{i + 1}:" for i in range(levels)]
+        return "\n".join(lines) + " leaf\n", (limit, limit)
+    if kind == "block sequences":    # "- " on its own line, one space of indentation per level
+        lines = [" " * i + "-" for i in range(levels)]
+        return "\n".join(lines) + " leaf\n", (limit, limit)
+    assert kind == "compact sequences"   # "- - - leaf"
+    return "- " * levels + "leaf\n", (1, 2 * limit - 1)
+
+
+DEEP_KINDS = ["flow sequences", "flow mappings", "one-key mappings", "block mappings", "block sequences",
+              "compact sequences"]
+
+
+@pytest.mark.parametrize("kind", DEEP_KINDS)
+def test_deep_nesting_is_a_yaml_error_where_it_goes_past_the_limit(kind, load):
+    # Both parsers used to raise RecursionError (in-house at about 330 levels), which killed
+    # the config watcher.  Block indentation costs levels squared in bytes, so 500 there.
+    levels = 500 if kind.startswith("block") else 2000
+    text, where = deep_document(kind, levels)
+    with pytest.raises(ragproxy.YAMLError) as info:
+        load(text)
+    assert (info.value.line, info.value.col) == where
+    assert "nested more than 64 levels deep" in info.value.msg
+    unclosed = text.rstrip("]}\n") + "\n"
+    with pytest.raises(ragproxy.YAMLError) as info:
+        load(unclosed)
+    assert (info.value.line, info.value.col) == where
+
+
+@pytest.mark.parametrize("kind", DEEP_KINDS)
+def test_nesting_up_to_the_limit_is_read(kind, load):
+    levels = yamlish.MAX_NESTING - (kind == "one-key mappings")   # its levels come in pairs
+    data, _ = load(deep_document(kind, levels)[0])
+    assert depth(data) == levels
+    with pytest.raises(ragproxy.YAMLError):
+        load(deep_document(kind, yamlish.MAX_NESTING + 2)[0])
+
+
+def _stack_depth():
+    frame, n = sys._getframe(), 0
+    while frame is not None:
+        frame, n = frame.f_back, n + 1
+    return n
+
+
+def test_a_caller_deep_in_its_own_stack_gets_a_yaml_error_too(load):
+    text, _ = deep_document("block mappings", 60)   # within the limit, but not within this stack
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(_stack_depth() + 60)
+    try:
+        with pytest.raises(ragproxy.YAMLError) as info:
+            load(text)
+    finally:
+        sys.setrecursionlimit(old)
+    assert "recursion limit" in info.value.msg and 1 <= info.value.line <= 60
+
+
+# -- fuzzing: mutated config documents ----------------------------------------
+
+_FUZZ_ATOMS = list("-?:,[]{}#&*!|>'\"%@`~=< \n\t\\") + [
+    "\n  ", "\n- ", ": ", "- ", "---\n", "...\n", "\r\n", "\r", "\ufeff", "\x85", "\x00", "\u2028", "0x",
+    "1e3", "\u00e9", "\U0001F600", "yes", "null", "<<", "${X}", "|\n", ">-\n", '"\\', "'"]
+
+
+def _fuzz_seeds():
+    examples = os.path.join(os.path.dirname(DATA), "..", "..", "examples")
+    paths = GOLDEN + sorted(glob.glob(os.path.join(examples, "**", "*.yaml"), recursive=True))
+    return [read(p) for p in paths] + [ragproxy.DEFAULT_CONFIG_TEMPLATE]
+
+
+def _deep_fragment(rng):
+    levels = rng.choice([10, 63, 64, 65, 66, 200, 1000, 2000])
+    kind = rng.choice(DEEP_KINDS)
+    if kind.startswith("block"):
+        levels = min(levels, 400)
+    text = deep_document(kind, levels)[0]
+    return kind, (text if rng.random() < 0.5 else text.rstrip("]}\n"))
+
+
+def mutate(rng, text, deep_kinds):
+    """A few random edits of ``text``: characters in, out or replaced, lines copied or
+    re-indented, a cut, or a deeply nested fragment spliced in (its kind goes to deep_kinds)."""
+    for _ in range(rng.randint(1, 6)):
+        roll, pos = rng.random(), rng.randint(0, len(text))
+        if roll < 0.3:
+            text = text[:pos] + rng.choice(_FUZZ_ATOMS) + text[pos:]
+        elif roll < 0.45:
+            text = text[:pos] + text[pos + rng.randint(1, 8):]
+        elif roll < 0.55:
+            text = text[:pos] + rng.choice(_FUZZ_ATOMS) + text[pos + 1:]
+        elif roll < 0.75:
+            lines = text.split("\n")
+            i = rng.randrange(len(lines))
+            if roll < 0.65:
+                lines.insert(rng.randrange(len(lines) + 1), lines[i])
+            else:
+                lines[i] = " " * rng.randint(0, 7) + lines[i].lstrip(" ")
+            text = "\n".join(lines)
+        elif roll < 0.8:
+            text = text[:pos]
+        else:
+            kind, fragment = _deep_fragment(rng)
+            deep_kinds.append(kind)
+            text = text[:pos] + fragment + text[pos:]
+    return text
+
+
+def test_fuzzed_config_documents_give_data_or_a_yaml_error_with_a_line(load):
+    rng = random.Random(20260214)
+    seeds = _fuzz_seeds()
+    outcomes = collections.Counter()
+    for _ in range(500):
+        deep_kinds = []
+        text = mutate(rng, rng.choice(seeds), deep_kinds)
+        try:
+            load(text)
+            outcomes["data"] += 1
+        except ragproxy.YAMLError as exc:
+            breaks = text.count("\n") + text.count("\r") + text.count("\x85") + text.count("\u2028")
+            assert 1 <= exc.line <= breaks + 1 and exc.col >= 1, (exc, text[:2000])
+            outcomes["error"] += 1
+            if "nested more than" in exc.msg:
+                outcomes.update(deep_kinds)
+    assert outcomes["data"] >= 50 and outcomes["error"] >= 50, outcomes
+    assert all(outcomes[kind] >= 2 for kind in DEEP_KINDS), outcomes   # every kind met the limit
