@@ -524,12 +524,7 @@ class Config:
     @classmethod
     def from_text(cls, text, source="config.yaml", environ=None, overrides=None):
         """Parse, substitute ``${VAR}``, validate; raise ConfigError naming every problem."""
-        try:
-            data, positions = load_yaml(text)
-        except YAMLError as exc:
-            raise ConfigError([("", exc.line, exc.msg)], source) from None
-        if data is None:
-            data, positions = {}, {}
+        data, positions = _parse(text, source)
         errors = []
         data = _substitute_env(data, os.environ if environ is None else environ, (), errors, positions)
         for dotted, value in (overrides or {}).items():
@@ -552,6 +547,22 @@ class Config:
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError([("", None, f"cannot read: {exc}")], path) from None
         return cls.from_text(text, source=path, environ=environ, overrides=overrides)
+
+
+_EMPTY_FILE = ("the file is empty (or holds only comments): nothing to apply.  If an editor truncated it, "
+               "restore it (an admin API save keeps the previous one as config.yaml.bak); to start over, "
+               "delete it and ragproxy writes a commented default config")
+
+
+def _parse(text, source):
+    """``(data, positions)`` of a config's text; ConfigError (with the line) if it is not YAML or empty."""
+    try:
+        data, positions = load_yaml(text)
+    except YAMLError as exc:
+        raise ConfigError([("", exc.line, f"{exc.msg} (column {exc.col})")], source) from None
+    if data is None:
+        raise ConfigError([("", None, _EMPTY_FILE)], source)
+    return data, positions
 
 
 def _check_client_certificate(spec, path, positions, errors):
@@ -716,11 +727,10 @@ class ConfigFile:
         """
         with self.lock:
             try:
-                data, _ = load_yaml(self.read_text())
+                text = self.read_text()
             except (OSError, UnicodeDecodeError) as exc:
                 raise ConfigError([("", None, f"cannot read: {exc}")], self.path) from None
-            except YAMLError as exc:
-                raise ConfigError([("", exc.line, exc.msg)], self.path) from None
+            data, _ = _parse(text, self.path)   # an emptied file is not a blank page to write on
             data = data if isinstance(data, dict) else {}
             change(data)
             return self.write(dump_yaml(data, header=self.HEADER))
@@ -729,7 +739,9 @@ class ConfigFile:
 class ConfigWatcher:
     """Reloads the config when its file changes or on demand (SIGHUP).
 
-    An invalid new file leaves the running config in place; the reason is logged.
+    An invalid new file leaves the running config in place; the reason is
+    logged.  The thread outlives any failure of one reload, whatever it
+    raises: a watcher that died would never apply a later good file.
     """
 
     def __init__(self, app, config_file):
@@ -749,7 +761,11 @@ class ConfigWatcher:
         old = self.app.config
         if (config.server["host"], config.server["port"]) != (old.server["host"], old.server["port"]):
             log.warning("server.host/port changed in the config; restart ragproxy to listen there")
-        self.app.reload(config)
+        try:
+            self.app.reload(config)
+        except Exception:
+            self.app.reload(old)   # not half of the new config
+            raise
         log.info("config reloaded from %s (%s)", self.config_file.path, describe_models(config))
         return True
 
@@ -762,7 +778,10 @@ class ConfigWatcher:
             forced = self._wake.wait(interval)
             self._wake.clear()
             if not self._stop.is_set():
-                self.check(force=forced)
+                try:
+                    self.check(force=forced)
+                except Exception:
+                    log.exception("config reload failed; still running the previous config")
 
     def stop(self):
         self._stop.set()

@@ -1,6 +1,9 @@
 """Configuration: schema validation with line numbers, env substitution, defaults, reload."""
+import collections
 import inspect
 import os
+import random
+import threading
 
 import pytest
 
@@ -205,3 +208,158 @@ def test_config_file_update_keeps_env_references_and_rejects_bad_changes(tmp_pat
     with pytest.raises(ragproxy.ConfigError):
         config_file.update(lambda data: data.update(models="not a list"))
     assert path.read_text() == written
+
+
+# -- what must never be applied, and a watcher that must never die ------------
+
+DEEP = "server:\n  port: " + "[" * 2000 + "\n"
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n", "# everything commented out\n#api_keys: [x]\n", "---\n"],
+                         ids=["empty", "blank", "comments", "marker"])
+def test_an_empty_config_file_is_an_error_naming_the_file(tmp_path, text):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ragproxy.ConfigError) as info:
+        ragproxy.Config.load(str(path), environ={})
+    assert str(info.value).startswith(f"{path}: the file is empty")
+    assert "default config" in str(info.value)
+
+
+def test_an_emptied_config_file_keeps_the_running_config(tmp_path, caplog):
+    path = tmp_path / "config.yaml"
+    path.write_text(MINIMAL + "api_keys: [abcdefgh12]\n")
+    app = ragproxy.App(ragproxy.Config.load(str(path), environ={}))
+    config_file = ragproxy.ConfigFile(str(path), environ={})
+    watcher = ragproxy.ConfigWatcher(app, config_file)
+    path.write_text("")   # an editor that truncates before it writes
+    os.utime(path, ns=(1, 10**9))
+    assert watcher.check() is False and app.config.api_keys[0]["key"] == "abcdefgh12"
+    assert any("config reload failed" in r.getMessage() and "empty" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ragproxy.ConfigError):   # nor is an admin API change written on top of it
+        config_file.update(lambda data: data.setdefault("rag", {}).update(top_k=3))
+    assert path.read_text() == ""
+
+
+def test_deep_nesting_is_a_config_error_with_a_line_and_is_never_written(tmp_path):
+    errs = errors_of(DEEP, environ={})
+    assert errs == [("", 2, "collections are nested more than 64 levels deep (a config needs a few); check for "
+                             "unclosed brackets (column 71)")]
+    path = tmp_path / "config.yaml"
+    path.write_text(MINIMAL)
+    with pytest.raises(ragproxy.ConfigError) as info:   # PUT /admin/api/settings
+        ragproxy.ConfigFile(str(path), environ={}).write(DEEP)
+    assert info.value.errors[0][1] == 2 and path.read_text() == MINIMAL
+
+
+def _wait_for(check, what):
+    # The watcher runs on its own thread; a generous bound, not a timing assertion.
+    for _ in range(500):
+        if check():
+            return
+        threading.Event().wait(0.02)
+    raise AssertionError(f"the watcher never {what}")
+
+
+def _replace(path, text, n):
+    """Replace the file in one step, as the watcher must see it: a half-written file, or a
+    second change (a later mtime) of the same text, would be one more reload to count."""
+    temporary = path.with_name(path.name + ".new")
+    temporary.write_text(text)
+    os.utime(temporary, ns=(n * 10**9, n * 10**9))   # a new mtime even on coarse filesystems
+    os.replace(temporary, path)
+
+
+def test_the_watcher_thread_applies_good_files_after_a_pathological_one(tmp_path, caplog):
+    path = tmp_path / "config.yaml"
+    path.write_text(MINIMAL + "server: {reload_interval: 0.01}\n")
+    app = ragproxy.App(ragproxy.Config.load(str(path), environ={}))
+    watcher = ragproxy.ConfigWatcher(app, ragproxy.ConfigFile(str(path), environ={}))
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    try:
+        for n, bad in enumerate([DEEP, "models: " + "{a: " * 3000, "", "k:\n" + "".join(
+                " " * i + f"k{i}:\n" for i in range(1, 500))], start=1):
+            _replace(path, bad, 2 * n)
+            _wait_for(lambda: sum("config reload failed" in r.getMessage() for r in caplog.records) == n,
+                      "reported the bad file")
+            _replace(path, MINIMAL + f"server: {{reload_interval: 0.01}}\nrag: {{top_k: {n}}}\n", 2 * n + 1)
+            _wait_for(lambda: app.config.rag["top_k"] == n, "applied the good file")
+        assert thread.is_alive()
+    finally:
+        watcher.stop()
+        thread.join(10)
+
+
+class _Exploding:
+    """A config file whose load fails the way no ConfigError describes, then works."""
+
+    def __init__(self, real, failures):
+        self.real, self.failures, self.path = real, list(failures), real.path
+
+    def changed(self):
+        return True
+
+    def load(self):
+        if self.failures:
+            raise self.failures.pop(0)
+        return self.real.load()
+
+
+def test_the_watcher_thread_outlives_any_exception_in_a_reload(tmp_path, caplog):
+    path = tmp_path / "config.yaml"
+    path.write_text(MINIMAL + "server: {reload_interval: 0.01}\n")
+    app = ragproxy.App(ragproxy.Config.load(str(path), environ={}))
+    watcher = ragproxy.ConfigWatcher(app, _Exploding(ragproxy.ConfigFile(str(path), environ={}),
+                                                     [RecursionError("deep"), RuntimeError("boom"), MemoryError()]))
+    path.write_text(MINIMAL + "server: {reload_interval: 0.01}\nrag: {top_k: 7}\n")
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: app.config.rag["top_k"] == 7, "applied the good file")
+    finally:
+        watcher.stop()
+        thread.join(10)
+    failures = [r for r in caplog.records if r.getMessage().startswith("config reload failed")]
+    assert len(failures) == 3 and all(r.exc_info for r in failures)   # with the traceback: a bug to report
+
+
+def test_a_reload_that_fails_half_way_puts_the_old_config_back(tmp_path, monkeypatch):
+    path = tmp_path / "config.yaml"
+    path.write_text(MINIMAL)
+    app = ragproxy.App(ragproxy.Config.load(str(path), environ={}))
+    old = app.config
+    watcher = ragproxy.ConfigWatcher(app, ragproxy.ConfigFile(str(path), environ={}))
+    real_reload = app.reload
+
+    def reload(config):
+        real_reload(config)
+        if config is not old:
+            raise RuntimeError("a part of the app refused the new config")
+
+    monkeypatch.setattr(app, "reload", reload)
+    _replace(path, MINIMAL + "rag: {top_k: 9}\n", 5)
+    with pytest.raises(RuntimeError):
+        watcher.check()
+    assert app.config is old
+
+
+# -- fuzzing the whole load: a Config or a ConfigError, nothing else ----------
+
+def test_fuzzed_configs_give_a_config_or_a_config_error():
+    from test_yamlish import mutate
+
+    rng = random.Random(1402)
+    seeds = [open(path, encoding="utf-8").read() for path in _example_configs()]
+    seeds.append(ragproxy.DEFAULT_CONFIG_TEMPLATE.replace("@@API_KEY@@", "rp-0123456789"))
+    outcomes = collections.Counter()
+    environ = {"RAGPROXY_TEAM_KEY": "team-key-123", "ANTHROPIC_API_KEY": "a", "GATEWAY_KEY": "g"}
+    for _ in range(300):
+        text = mutate(rng, rng.choice(seeds), [])
+        try:
+            ragproxy.Config.from_text(text, environ=environ)
+            outcomes["config"] += 1
+        except ragproxy.ConfigError as exc:
+            assert exc.errors and all(isinstance(m, str) and m for _, _, m in exc.errors), text[:2000]
+            outcomes["error"] += 1
+    assert outcomes["config"] >= 10 and outcomes["error"] >= 100, outcomes
