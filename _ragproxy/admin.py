@@ -494,7 +494,8 @@ class Admin:
     # -- model mappings -----------------------------------------------------
 
     def list_models(self, request):
-        return json_response(200, {"models": copy_default(self.app.config.raw["models"])})
+        config = self.app.config
+        return json_response(200, {"models": [self._model_view(config, m["name"]) for m in config.raw["models"]]})
 
     def _model_index(self, models, name):
         for i, entry in enumerate(models):
@@ -502,8 +503,12 @@ class Admin:
                 return i
         raise ClientError(404, f"no model mapping named {name!r}", "not_found")
 
-    def _model_view(self, config, name):
-        return next(m for m in config.raw["models"] if m["name"] == name)
+    @staticmethod
+    def _model_view(config, name):
+        """The mapping as configured, plus ``rerank_status``: whether its rerank is in effect, and why not."""
+        index = next(i for i, m in enumerate(config.raw["models"]) if m["name"] == name)
+        return {**copy_default(config.raw["models"][index]),
+                "rerank_status": config.rerank_status(config.models[index])}
 
     def create_model(self, request):
         body = _json_object(request)
@@ -556,8 +561,13 @@ class Admin:
         return kb
 
     def _kb_view(self, kb):
-        return {**kb.stats(), "config": copy_default(self.app.config.knowledge_bases.get(kb.spec.name, {})),
-                "documents_dir": kb.documents_dir}
+        config, name = self.app.config, kb.spec.name
+        view = {**kb.stats(), "config": copy_default(config.knowledge_bases.get(name, {})),
+                "documents_dir": kb.documents_dir, "declared": name not in config.undeclared_kbs,
+                "vectorstore": config.vectorstore_status()}
+        if not view["declared"]:   # POST /kbs with its name declares it, settings and all
+            view["named_by"] = config.undeclared_kbs[name][0]
+        return view
 
     def list_kbs(self, request):
         kbs = self.app.knowledge_bases

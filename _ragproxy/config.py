@@ -94,7 +94,7 @@ providers:
 models:
   - name: "*"
     upstream: ollama
-    kb: [docs]
+    kb: [docs]             # null: no retrieval; a name not declared below is a KB over documents/<name>/
 
 # Knowledge bases.  Each also owns DATA_DIR/documents/<name>/; drop files
 # there (or list more sources) and they are indexed within index_interval.
@@ -114,7 +114,7 @@ rag:
   index_interval: 30       # seconds between checks of the sources for changes
 
 vectorstore:
-  type: simple
+  type: simple             # the built-in store; chroma_http (a Chroma server) is not available yet
 
 security:
   log_query: false
@@ -150,11 +150,12 @@ class ConfigError(ValueError):
 class _Field:
     """One leaf of the schema: a type, a default and optional constraints."""
 
-    __slots__ = ("kind", "default", "choices", "minimum", "doc")
+    __slots__ = ("kind", "default", "choices", "minimum", "doc", "null")
 
-    def __init__(self, kind, default=None, choices=None, minimum=None, doc=""):
+    def __init__(self, kind, default=None, choices=None, minimum=None, doc="", null=False):
         self.kind, self.default, self.choices = kind, default, choices
         self.minimum, self.doc = minimum, doc
+        self.null = null   # an explicit null (``key: null`` or ``key:``) means the default
 
 
 _REQUIRED = object()
@@ -181,7 +182,7 @@ _MODEL_SCHEMA = {
     "name": _Field("str", _REQUIRED),
     "upstream": _Field("str_list", _REQUIRED),
     "upstream_model": _Field("str", ""),
-    "kb": _Field("str_list", []),
+    "kb": _Field("str_list", [], null=True),   # null: no retrieval, the request passes through
     "kb_merge": _Field("str", "priority", choices=("priority", "concat", "rrf")),
     "inject_mode": _Field("str", "before_last_user", choices=(
         "before_last_user", "system_prepend", "system_append", "new_message")),
@@ -255,8 +256,14 @@ _SCHEMA = {
     },
     "knowledge_bases": ("named", _KB_SCHEMA),
     "vectorstore": {
-        "type": _Field("str", "simple", choices=("simple", "chroma")),
-        "chroma_http": _Field("str", ""),
+        "type": _Field("str", "simple", choices=("simple", "chroma", "chroma_http")),
+        # Accepted and checked now; the Chroma store itself is not in this version (see _check_vectorstore).
+        "chroma_http": {
+            "base_url": _Field("url", ""),
+            "tenant": _Field("str", "default_tenant"),
+            "database": _Field("str", "default_database"),
+            "collection_prefix": _Field("str", "ragproxy_"),
+        },
     },
     "security": {
         "log_query": _Field("bool", False),
@@ -328,6 +335,8 @@ def _check_field(value, field, path, positions, errors):
         errors.append((_format_path(path), _line_of(positions, path), message))
         return field.default if field.default is not _REQUIRED else None
 
+    if value is None and field.null:
+        return copy_default(field.default)
     kind = field.kind
     if kind in ("str", "url"):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -502,11 +511,20 @@ class ModelRoute:
 
 
 class Config:
-    """A validated configuration.  ``raw`` is the full dict with defaults filled in."""
+    """A validated configuration.  ``raw`` is the full dict with defaults filled in.
 
-    def __init__(self, raw, path=None):
+    ``knowledge_bases`` is every KB the proxy serves: those declared under
+    ``knowledge_bases:`` (``raw`` has only these) and those that ``models[].kb``
+    names without declaring (``undeclared_kbs``: name -> (key path, line, the
+    declared name it is close to)), which get the default settings.
+    ``warnings`` lists ``(key path, line, message)`` for what works, but not as
+    written; ``load`` logs them.
+    """
+
+    def __init__(self, raw, path=None, warnings=(), positions=None):
         self.raw = raw
         self.path = path
+        self.warnings = tuple(warnings)
         self.server = raw["server"]
         self.rag = raw["rag"]
         self.api_key_auth = raw["api_key_auth"]
@@ -519,13 +537,15 @@ class Config:
         }
         self.models = [ModelRoute(**{**m, "upstream": tuple(m["upstream"]), "kb": tuple(m["kb"])})
                        for m in raw["models"]]
-        self.knowledge_bases = raw["knowledge_bases"]
+        self.undeclared_kbs = _undeclared_kbs(raw, positions or {})
+        self.knowledge_bases = {**raw["knowledge_bases"],
+                                **{name: default_kb_settings() for name in self.undeclared_kbs}}
 
     @classmethod
     def from_text(cls, text, source="config.yaml", environ=None, overrides=None):
         """Parse, substitute ``${VAR}``, validate; raise ConfigError naming every problem."""
         data, positions = _parse(text, source)
-        errors = []
+        errors, warnings = [], []
         data = _substitute_env(data, os.environ if environ is None else environ, (), errors, positions)
         for dotted, value in (overrides or {}).items():
             section, key = dotted.split(".")
@@ -534,10 +554,10 @@ class Config:
                 if isinstance(data[section], dict):
                     data[section][key] = value
         raw = _check(data, _SCHEMA, (), positions, errors)
-        _check_semantics(raw, positions, errors)
+        _check_semantics(raw, positions, errors, warnings)
         if errors:
             raise ConfigError(errors, source)
-        return cls(raw, path=source)
+        return cls(raw, path=source, warnings=warnings, positions=positions)
 
     @classmethod
     def load(cls, path, environ=None, overrides=None):
@@ -546,12 +566,37 @@ class Config:
                 text = f.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError([("", None, f"cannot read: {exc}")], path) from None
-        return cls.from_text(text, source=path, environ=environ, overrides=overrides)
+        config = cls.from_text(text, source=path, environ=environ, overrides=overrides)
+        config.log_warnings()
+        return config
+
+    def log_warnings(self):
+        for path, line, message in self.warnings:
+            log.warning("%s%s: %s", f"{self.path}:{line}: " if line else f"{self.path}: ", path, message)
+
+    def rerank_status(self, route):
+        """Whether ``route`` (a ModelRoute) reranks: ``{"requested", "active", "provider", "reason"}``."""
+        providers = self.providers["rerank"]
+        if not route.rerank:
+            return {"requested": False, "active": False, "provider": None, "reason": None}
+        if not providers:
+            return {"requested": True, "active": False, "provider": None, "reason": _NO_RERANKER}
+        return {"requested": True, "active": True, "provider": next(iter(providers)), "reason": None}
+
+    def vectorstore_status(self):
+        """``{"configured", "active", "reason"}``: the store the config asks for and the one in use."""
+        configured = self.raw["vectorstore"]["type"]
+        if configured == "chroma_http":
+            return {"configured": configured, "active": "simple", "reason": _NO_CHROMA}
+        return {"configured": configured, "active": configured, "reason": None}
 
 
 _EMPTY_FILE = ("the file is empty (or holds only comments): nothing to apply.  If an editor truncated it, "
                "restore it (an admin API save keeps the previous one as config.yaml.bak); to start over, "
                "delete it and ragproxy writes a commented default config")
+_NO_RERANKER = "no rerank provider configured (providers.rerank is empty)"
+_NO_CHROMA = ("the Chroma store is not available in this version: the built-in store (DATA_DIR/vectordb/) "
+              "is used and nothing is sent to Chroma")
 
 
 def _parse(text, source):
@@ -563,6 +608,24 @@ def _parse(text, source):
     if data is None:
         raise ConfigError([("", None, _EMPTY_FILE)], source)
     return data, positions
+
+
+def default_kb_settings():
+    """A ``knowledge_bases`` entry with every setting at its default (as ``name: {}`` gives)."""
+    return _check({}, _KB_SCHEMA, (), {}, [])
+
+
+def _undeclared_kbs(raw, positions):
+    """Names in ``models[].kb`` with no ``knowledge_bases`` entry: name -> (key path, line, close
+    declared name or None), first mention first."""
+    declared, found = raw["knowledge_bases"], {}
+    for i, model in enumerate(raw["models"]):
+        for j, name in enumerate(model["kb"]):
+            if name not in declared and name not in found and valid_kb_name(name):
+                path = ("models", i, "kb", j)
+                found[name] = (_format_path(path), _line_of(positions, path),
+                               _close_match(name, declared) if declared else None)
+    return found
 
 
 def _check_client_certificate(spec, path, positions, errors):
@@ -582,12 +645,55 @@ def _check_client_certificate(spec, path, positions, errors):
                        f"cannot load the client certificate{' and key' if spec.get('client_key') else ''}: {exc}"))
 
 
-def _check_semantics(raw, positions, errors):
-    """Cross-key rules the schema cannot express."""
+def _check_api_prefix(kind, spec, path, positions, errors):
+    """An ollama or anthropic base_url is the server root: ragproxy adds /v1/... (or /api/...) itself."""
+    base_url = spec.get("base_url")
+    if spec.get("type") not in ("ollama", "anthropic") or not isinstance(base_url, str) \
+            or not base_url.lower().endswith("/v1"):   # a trailing "/" is already gone
+        return
+    sample = "/api/embed" if kind == "embedding" else "/v1/messages" if spec["type"] == "anthropic" \
+        else "/v1/chat/completions"
+    where = path + ("base_url",)
+    errors.append((_format_path(where), _line_of(positions, where),
+                   f"a type {spec['type']} base_url is the server root, without /v1: requests would go to "
+                   f"{base_url}{sample}; drop the /v1 (base_url: {base_url[:-3]})"
+                   + (" or, for an OpenAI-compatible endpoint, use type: openai" if kind == "llm" else "")))
+
+
+def _check_vectorstore(store, positions, errors, warnings):
+    if store["type"] == "chroma":
+        errors.append(("vectorstore.type", _line_of(positions, ("vectorstore", "type")),
+                       "only the built-in 'simple' store is available in this version "
+                       "(a Chroma server will be type chroma_http)"))
+    chroma = store["chroma_http"]
+    for key in ("tenant", "database"):
+        if not chroma[key]:
+            errors.append((f"vectorstore.chroma_http.{key}", _line_of(positions, ("vectorstore", "chroma_http", key)),
+                           f"expected a Chroma {key} name, got an empty string"))
+    prefix = chroma["collection_prefix"]
+    if prefix and not re.match(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}\Z", prefix):
+        errors.append(("vectorstore.chroma_http.collection_prefix",
+                       _line_of(positions, ("vectorstore", "chroma_http", "collection_prefix")),
+                       "a Chroma collection name prefix uses letters, digits, '_', '-' and '.' (32 at most, "
+                       f"starting with a letter or digit), got {prefix!r}"))
+    if store["type"] != "chroma_http":
+        return
+    if not chroma["base_url"] and ("vectorstore", "chroma_http", "base_url") not in positions:
+        errors.append(("vectorstore.chroma_http.base_url", _line_of(positions, ("vectorstore", "chroma_http")),
+                       "type chroma_http needs base_url, the Chroma server's address (http://chroma:8000)"))
+    elif chroma["base_url"]:
+        warnings.append(("vectorstore.type", _line_of(positions, ("vectorstore", "type")),
+                         f"type chroma_http: {_NO_CHROMA} ({chroma['base_url']})"))
+
+
+def _check_semantics(raw, positions, errors, warnings):
+    """Cross-key rules the schema cannot express; ``warnings`` gets what works, but not as written."""
     for kind, providers in raw["providers"].items():
         for name, spec in providers.items():
             if isinstance(spec, dict) and (spec.get("client_cert") or spec.get("client_key")):
                 _check_client_certificate(spec, ("providers", kind, name), positions, errors)
+            if isinstance(spec, dict):
+                _check_api_prefix(kind, spec, ("providers", kind, name), positions, errors)
     llm = raw["providers"]["llm"]
     names_seen = {}
     for i, model in enumerate(raw["models"]):
@@ -599,13 +705,19 @@ def _check_semantics(raw, positions, errors):
                 errors.append((_format_path(path + ("upstream",)), _line_of(positions, path + ("upstream",)),
                                f"no provider {up!r} under providers.llm"
                                + (f" (have: {', '.join(llm)})" if llm else "")))
-        for kb in model.get("kb") or []:
-            if kb not in raw["knowledge_bases"]:
-                errors.append((_format_path(path + ("kb",)), _line_of(positions, path + ("kb",)),
-                               f"no knowledge base {kb!r} under knowledge_bases"))
+        for j, kb in enumerate(model.get("kb") or []):
+            # An undeclared name is a KB over documents/<name>/ (Config.undeclared_kbs), but it
+            # becomes a directory name, so it must be a valid one.
+            if kb not in raw["knowledge_bases"] and not valid_kb_name(kb):
+                hint = _close_match(kb, raw["knowledge_bases"]) if raw["knowledge_bases"] else None
+                errors.append((_format_path(path + ("kb", j)), _line_of(positions, path + ("kb", j)),
+                               f"{kb!r} is not a knowledge base name: letters, digits, '_', '-' and '.' "
+                               "(64 at most, starting with a letter or digit)"
+                               + (f"; did you mean {hint!r}?" if hint else "")))
         if model.get("rerank") and not raw["providers"]["rerank"]:
-            errors.append((_format_path(path + ("rerank",)), _line_of(positions, path + ("rerank",)),
-                           "rerank is on but providers.rerank is empty"))
+            warnings.append((_format_path(path + ("rerank",)), _line_of(positions, path + ("rerank",)),
+                             f"rerank is on but there is {_NO_RERANKER}: {model.get('name')!r} is served "
+                             "without reranking"))
         name = model.get("name")
         if name in names_seen:
             errors.append((_format_path(path + ("name",)), _line_of(positions, path + ("name",)),
@@ -629,9 +741,7 @@ def _check_semantics(raw, positions, errors):
                            f"retrieval {kb['retrieval']} needs an embedding provider from providers.embedding"
                            + (f" (have: {', '.join(raw['providers']['embedding'])})"
                               if raw["providers"]["embedding"] else "")))
-    if raw["vectorstore"]["type"] != "simple":
-        errors.append(("vectorstore.type", _line_of(positions, ("vectorstore", "type")),
-                       "only the built-in 'simple' store is available in this version"))
+    _check_vectorstore(raw["vectorstore"], positions, errors, warnings)
     if not _is_loopback(raw["server"]["host"]) and not (
             raw["api_key_auth"] and raw["api_keys"]):
         errors.append(("server.host", _line_of(positions, ("server", "host")),
@@ -717,6 +827,7 @@ class ConfigFile:
             atomic_write(self.path, text.encode("utf-8"), mode=0o600)
             self._stamp = self._file_stamp()
             config.path = self.path
+            config.log_warnings()
             return config
 
     def update(self, change):

@@ -7,7 +7,9 @@ scaled to each retriever's own distribution; reciprocal rank on request).
 Indexing is incremental (a manifest of size, mtime and content hash per
 source) and runs beside queries, which keep using the last committed
 generation until the next commit is complete.  KnowledgeBases holds the
-configured ones, their embedding clients and the indexer thread.
+configured ones (declared under knowledge_bases, or only named by a model's
+kb: then over DATA_DIR/documents/<name>/ with default settings), their
+embedding clients and the indexer thread.
 
 What only some knowledge bases need is imported where it is used: the
 document extractors by indexing, the embedding client (and the HTTP client
@@ -680,6 +682,8 @@ class KnowledgeBases:
                         batch_size=provider.batch_size, max_concurrency=provider.max_concurrency)
                 kbs[name] = KnowledgeBase(spec, self.data_dir, embedder=embedders.get(provider), clock=self.clock)
                 self._signatures[name] = signature
+                if name in config.undeclared_kbs:
+                    _log_undeclared(name, config.undeclared_kbs[name], kbs[name].documents_dir)
             self.kbs = kbs
         self._wake.set()
 
@@ -735,6 +739,14 @@ class KnowledgeBases:
     def stop(self):
         self._stop.set()
         self._wake.set()
+
+
+def _log_undeclared(name, where, documents_dir):
+    path, line, close = where
+    log.log(logging.WARNING if close else logging.INFO,
+            "knowledge base %r (named by %s%s) is not declared under knowledge_bases: serving %s with default "
+            "settings; declare it to change them%s", name, path, f", line {line}" if line else "",
+            documents_dir + os.sep, f" (or did you mean {close!r}?)" if close else "")
 
 
 def _kb_spec(name, raw):

@@ -1,6 +1,7 @@
 """Configuration: schema validation with line numbers, env substitution, defaults, reload."""
 import collections
 import inspect
+import json
 import os
 import random
 import threading
@@ -8,6 +9,7 @@ import threading
 import pytest
 
 import ragproxy
+from conftest import openai_for, proxy_config
 
 MINIMAL = """
 providers:
@@ -208,6 +210,138 @@ def test_config_file_update_keeps_env_references_and_rejects_bad_changes(tmp_pat
     with pytest.raises(ragproxy.ConfigError):
         config_file.update(lambda data: data.update(models="not a list"))
     assert path.read_text() == written
+
+
+# -- configs in the shape of the project ragproxy models its config on --------
+
+def test_kb_null_means_no_retrieval():
+    for spelling in ("kb: null", "kb: ~", "kb:"):
+        config = ragproxy.Config.from_text(MINIMAL + f"    {spelling}\n", environ={})
+        assert config.models[0].kb == () and config.raw["models"][0]["kb"] == []
+    errs = errors_of(MINIMAL.replace("upstream: local", "upstream: null"), environ={})
+    assert errs[0][0] == "models[0].upstream"   # null is no shorthand where a value is required
+
+
+def test_a_kb_that_models_name_without_declaring_gets_the_defaults():
+    text = MINIMAL + "    kb: [team-notes, docs]\nknowledge_bases:\n  docs: {retrieval: lexical}\n"
+    config = ragproxy.Config.from_text(text, environ={})
+    assert config.undeclared_kbs == {"team-notes": ("models[0].kb[0]", 8, None)}
+    assert list(config.knowledge_bases) == ["docs", "team-notes"] and list(config.raw["knowledge_bases"]) == ["docs"]
+    assert config.knowledge_bases["team-notes"] == ragproxy.Config.from_text(
+        MINIMAL + "knowledge_bases:\n  team-notes: {}\n", environ={}).knowledge_bases["team-notes"]
+    assert config.warnings == ()
+
+
+@pytest.mark.parametrize("name, hint", [("../etc", None), ("doc s", "docs"), (".hidden", None), ("x" * 65, None)])
+def test_kb_names_that_cannot_be_directories_are_still_errors(name, hint):
+    text = MINIMAL + f'    kb: [docs, "{name}"]\nknowledge_bases:\n  docs: {{}}\n'
+    errs = errors_of(text, environ={})
+    assert [(e[0], e[1]) for e in errs] == [("models[0].kb[1]", 8)]
+    assert f"{name!r} is not a knowledge base name" in errs[0][2]
+    assert (f"did you mean {hint!r}?" in errs[0][2]) if hint else "did you mean" not in errs[0][2]
+
+
+def test_rerank_without_a_rerank_provider_is_a_warning_logged_once_per_load(tmp_path, caplog):
+    path = tmp_path / "config.yaml"
+    path.write_text(MINIMAL + "    rerank: true\n")
+    config = ragproxy.Config.load(str(path), environ={})
+    assert config.warnings == (("models[0].rerank", 8, "rerank is on but there is no rerank provider configured "
+                                "(providers.rerank is empty): '*' is served without reranking"),)
+    assert config.rerank_status(config.models[0]) == {
+        "requested": True, "active": False, "provider": None,
+        "reason": "no rerank provider configured (providers.rerank is empty)"}
+    logged = [r for r in caplog.records if "without reranking" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelname == "WARNING" and f"{path}:8" in logged[0].getMessage()
+    ragproxy.Config.from_text(path.read_text(), environ={})   # validating (the admin API's) is not a load
+    assert len([r for r in caplog.records if "without reranking" in r.getMessage()]) == 1
+    with_provider = ragproxy.Config.from_text(path.read_text().replace(
+        "  llm:", "  rerank:\n    r: {type: tei, base_url: 'http://127.0.0.1:1'}\n  llm:"), environ={})
+    assert with_provider.warnings == () and with_provider.rerank_status(with_provider.models[0])["active"] is True
+
+
+CHROMA_HTTP = """
+vectorstore:
+  type: "chroma_http"
+  chroma_http:
+    base_url: "http://chroma:8000"
+    tenant: "default_tenant"
+    database: "default_database"
+    collection_prefix: "ragproxy_"
+"""
+
+
+def test_the_chroma_http_vectorstore_block_is_accepted_but_says_the_store_is_not_there_yet():
+    config = ragproxy.Config.from_text(MINIMAL + CHROMA_HTTP, environ={})
+    assert config.raw["vectorstore"] == {"type": "chroma_http", "chroma_http": {
+        "base_url": "http://chroma:8000", "tenant": "default_tenant", "database": "default_database",
+        "collection_prefix": "ragproxy_"}}
+    [(path, line, message)] = config.warnings
+    assert (path, line) == ("vectorstore.type", 10) and "not available in this version" in message
+    assert "built-in store" in message and "http://chroma:8000" in message
+    assert config.vectorstore_status() == {"configured": "chroma_http", "active": "simple",
+                                           "reason": config.vectorstore_status()["reason"]}
+    assert ragproxy.Config.from_text(MINIMAL, environ={}).vectorstore_status()["active"] == "simple"
+
+
+@pytest.mark.parametrize("change, path, fragment", [
+    (('"http://chroma:8000"', '"chroma:8000"'), "vectorstore.chroma_http.base_url", "http:// or https:// URL"),
+    (('base_url: "http://chroma:8000"', 'base_url: [a]'), "vectorstore.chroma_http.base_url", "expected a string"),
+    (('    base_url: "http://chroma:8000"\n', ""), "vectorstore.chroma_http.base_url", "needs base_url"),
+    (('tenant: "default_tenant"', 'tenant: ""'), "vectorstore.chroma_http.tenant", "empty"),
+    (('database: "default_database"', 'database: {a: 1}'), "vectorstore.chroma_http.database", "expected a string"),
+    (('"ragproxy_"', '"rag/proxy"'), "vectorstore.chroma_http.collection_prefix", "letters, digits"),
+    (('tenant:', 'tennant:'), "vectorstore.chroma_http.tennant", "did you mean 'tenant'"),
+    (('type: "chroma_http"', 'type: chroma'), "vectorstore.type", "only the built-in"),
+    (('type: "chroma_http"', 'type: qdrant'), "vectorstore.type", "expected one of simple, chroma, chroma_http"),
+])
+def test_the_vectorstore_block_is_checked(change, path, fragment):
+    errs = errors_of(MINIMAL + CHROMA_HTTP.replace(*change), environ={})
+    assert [e[0] for e in errs] == [path] and errs[0][1] is not None and fragment in errs[0][2], errs
+
+
+@pytest.mark.parametrize("kind, spec, fix", [
+    ("llm", "{type: ollama, base_url: 'http://127.0.0.1:11434/v1'}", "http://127.0.0.1:11434/v1/v1/chat/completions"),
+    ("llm", "{type: ollama, base_url: 'http://127.0.0.1:11434/v1/'}", "http://127.0.0.1:11434/v1/v1/chat/completions"),
+    ("llm", "{type: anthropic, base_url: 'https://api.anthropic.com/v1'}", "https://api.anthropic.com/v1/v1/messages"),
+    ("embedding", "{type: ollama, base_url: 'http://127.0.0.1:11434/v1', model: m}",
+     "http://127.0.0.1:11434/v1/api/embed"),
+])
+def test_a_v1_on_a_server_root_base_url_is_an_error_with_the_fix(kind, spec, fix):
+    text = MINIMAL.replace("models:", f"  embedding:\n    extra: {spec}\nmodels:") if kind == "embedding" else \
+        MINIMAL.replace("    local:", f"    extra: {spec}\n    local:")
+    [(path, line, message)] = errors_of(text, environ={})
+    assert path == f"providers.{kind}.extra.base_url" and line == (4 if kind == "llm" else 6)
+    assert f"requests would go to {fix}" in message
+    assert "drop the /v1 (base_url: " + fix.split("/v1")[0] + ")" in message
+
+
+def test_a_v1_where_it_belongs_is_fine():
+    text = MINIMAL.replace("    local:", "    oa: {type: openai, base_url: 'http://127.0.0.1:8000/v1'}\n"
+                                         "    gw: {type: ollama, base_url: 'http://gw.example/ollama'}\n    local:")
+    assert ragproxy.Config.from_text(text, environ={}).providers["llm"]["oa"].base_url.endswith("/v1")
+
+
+def test_a_config_copied_from_the_modelled_projects_readme_loads_and_serves(make_proxy, fake, tmp_path, caplog):
+    """kb: null, a KB only its documents folder declares, rerank with no reranker and the
+    chroma_http block, all in one file: it loads, retrieves from the folder and passes the
+    null one through."""
+    notes = tmp_path / "documents" / "team-notes"
+    notes.mkdir(parents=True)
+    (notes / "oncall.md").write_text("# On call\n\nThe zebrafinch pager rotates every Tuesday at noon.\n")
+    text = proxy_config(fake.url).replace(
+        '  - {name: "*", upstream: [ol, oa]}',
+        '  - {name: "notes", upstream: oa, kb: [team-notes], rerank: true}\n'
+        '  - {name: "*", upstream: [ol, oa], kb: null}') + CHROMA_HTTP
+    proxy = make_proxy(text, data_dir=tmp_path)
+    proxy.app.knowledge_bases.index_all()
+    client = openai_for(proxy)
+    client.chat.completions.create(model="notes", messages=[{"role": "user", "content": "when does the zebrafinch"
+                                                                                          " pager rotate?"}])
+    assert "every Tuesday at noon" in json.dumps(fake.last.json["messages"])
+    assert all("rerank" not in hit.scores for hit in proxy.app.retriever.search(
+        ["team-notes"], "zebrafinch pager", proxy.app.config.models[0]))
+    client.chat.completions.create(model="other", messages=[{"role": "user", "content": "zebrafinch pager?"}])
+    assert fake.last.json["messages"] == [{"role": "user", "content": "zebrafinch pager?"}]
 
 
 # -- what must never be applied, and a watcher that must never die ------------

@@ -295,3 +295,36 @@ knowledge_bases:
     generation, _ = kb.current()
     assert generation.compact_kind == {"int8": "i8", "float16": "f16", "binary": "b1"}[compact]
     assert kb.search("beta retries failed uploads", 1)[0].chunk["source"] == "kb/b.md"
+
+
+UNDECLARED = """
+providers:
+  llm: {o: {type: ollama, base_url: "http://127.0.0.1:1"}}
+models: [{name: "*", upstream: o, kb: [kb]}]
+"""
+
+
+def test_a_kb_a_model_names_without_declaring_serves_its_documents_folder(tmp_path, docs, caplog):
+    # The panel of the project ragproxy models its config on creates KBs without a
+    # knowledge_bases entry; their documents are in DATA_DIR/documents/<kb>/.
+    caplog.set_level("INFO", logger="ragproxy")
+    kbs = ragproxy.KnowledgeBases(ragproxy.Config.from_text(UNDECLARED, environ={}), str(tmp_path))
+    kb = kbs.get("kb")
+    assert kb.documents_dir == str(docs) and kb.spec == ragproxy.KBSpec(name="kb")   # default settings
+    kbs.index_all()
+    assert kb.search("beta retries failed uploads", 1)[0].chunk["source"] == "kb/b.md"
+    said = [r for r in caplog.records if "not declared" in r.getMessage()]
+    assert len(said) == 1 and "'kb'" in said[0].getMessage() and str(docs) + os.sep in said[0].getMessage()
+    assert "models[0].kb[0], line 4" in said[0].getMessage()
+    kbs.configure(ragproxy.Config.from_text(UNDECLARED, environ={}))   # a reload of the same file
+    declared = ragproxy.Config.from_text(UNDECLARED + "knowledge_bases:\n  kb: {}\n", environ={})
+    assert declared.undeclared_kbs == {}
+    kbs.configure(declared)   # declared with its defaults, as the panel's Declare button writes it
+    assert kbs.get("kb") is kb and len([r for r in caplog.records if "not declared" in r.getMessage()]) == 1
+
+
+def test_an_undeclared_kb_close_to_a_declared_name_is_a_warning(tmp_path, caplog):
+    text = UNDECLARED.replace("kb: [kb]", "kb: [handbok]") + "knowledge_bases:\n  handbook: {}\n"
+    ragproxy.KnowledgeBases(ragproxy.Config.from_text(text, environ={}), str(tmp_path))
+    said = [r for r in caplog.records if "not declared" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING" and "did you mean 'handbook'?" in said[0].getMessage()

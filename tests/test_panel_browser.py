@@ -27,7 +27,8 @@ else:
 
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
-from conftest import API_KEY, TLS_DIR  # noqa: E402
+import ragproxy  # noqa: E402
+from conftest import API_KEY, TLS_DIR, proxy_config  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -97,6 +98,10 @@ class Panel:
 
 @pytest.fixture
 def panel(browser, admin_proxy):
+    yield from _panel_on(browser, admin_proxy)
+
+
+def _panel_on(browser, admin_proxy):
     context = browser.new_context(viewport=VIEWPORT)
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
@@ -483,3 +488,53 @@ def test_settings_validation_error_then_save(panel):
     assert config_path.read_text() == "# edited in the admin panel\n" + stored   # the stored keys kept
     assert pathlib.Path(backup).read_bytes() == original
     panel.shot("settings")
+
+
+@pytest.fixture
+def copied_config_panel(browser, make_admin_proxy, fake):
+    """A config in the shape of the project ragproxy models its config on: a model names a
+    KB that only its documents folder declares, and asks for rerank with no reranker."""
+    text = proxy_config(fake.url).replace(
+        '  - {name: "*", upstream: [ol, oa]}',
+        '  - {name: "notes", upstream: oa, kb: [team-notes], rerank: true}\n  - {name: "*", upstream: [ol, oa]}')
+    yield from _panel_on(browser, make_admin_proxy(text))
+
+
+def test_an_undeclared_kb_is_declared_from_the_list_and_rerank_off_is_shown(copied_config_panel):
+    panel = copied_config_panel
+    proxy = panel.proxy
+    notes = proxy.data_dir / "documents" / "team-notes"
+    admin = proxy.admin()
+    status, _, kb = admin.get("/admin/api/kbs/team-notes")
+    assert status == 200 and kb["declared"] is False and kb["named_by"] == "models[4].kb[0]"
+    assert kb["documents_dir"] == str(notes) and kb["config"]["retrieval"] == "lexical"
+    assert kb["vectorstore"] == {"configured": "simple", "active": "simple", "reason": None}
+    models = {m["name"]: m for m in admin.get("/admin/api/models")[2]["models"]}
+    assert models["notes"]["rerank"] is True and models["notes"]["rerank_status"] == {
+        "requested": True, "active": False, "provider": None,
+        "reason": "no rerank provider configured (providers.rerank is empty)"}
+    assert models["*"]["rerank_status"]["requested"] is False
+
+    panel.login()
+    panel.nav("kbs", "kbs-table")
+    row = panel.tid("kb-row-team-notes")
+    expect(row.get_by_test_id("kb-undeclared")).to_have_text("not declared")
+    panel.shot("kbs-undeclared")
+    assert "team-notes" not in ragproxy.Config.load(str(proxy.config_path), environ={}).raw["knowledge_bases"]
+    row.get_by_test_id("kb-declare").click()
+    expect(panel.tid("kb-row-team-notes").get_by_test_id("kb-undeclared")).to_have_count(0)
+    expect(panel.tid("kb-declare")).to_have_count(0)
+    on_disk = ragproxy.Config.load(str(proxy.config_path), environ={})
+    assert "team-notes" in on_disk.raw["knowledge_bases"] and on_disk.undeclared_kbs == {}
+    assert admin.get("/admin/api/kbs/team-notes")[2]["declared"] is True
+
+    panel.nav("models", "models-table")
+    row = panel.tid("model-row-notes")
+    expect(row.get_by_test_id("model-rerank-off")).to_have_text("rerank off")
+    row.get_by_test_id("model-edit").click()
+    dialog = panel.tid("model-dialog")
+    expect(dialog.locator("input[name=rerank]")).to_be_checked()
+    expect(dialog.get_by_test_id("rerank-off")).to_contain_text("rerank off")
+    expect(dialog.get_by_test_id("rerank-off")).to_contain_text("no rerank provider configured")
+    panel.shot("model-rerank-off")
+    dialog.get_by_test_id("dialog-cancel").click()
