@@ -237,3 +237,14 @@ def test_proxy_overhead_runs_every_side_with_a_compare_copy():
         assert "added_p50_ms" in rows[(scenario, "compare-1")]
     assert rows[("stream", "ragproxy")]["first_p50_ms"] is not None
     assert "compare-1: " + ragproxy.__file__ in proc.stdout
+
+
+# -- sse_relay.py ---------------------------------------------------------------------
+
+def test_sse_relay_passes_one_large_event_on_both_paths_beside_a_compare_copy():
+    proc = run_script("sse_relay.py", "--sizes", "1", "--json", "--compare", ragproxy.__file__)
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    figures = report["results"]["1.0"]
+    assert len(figures) == 4 and all(seconds > 0 for seconds in figures.values())
+    assert {"ragproxy relay", "ragproxy ollama"} <= set(figures)
