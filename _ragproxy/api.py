@@ -43,7 +43,10 @@ def json_text(obj):
 
 
 def json_bytes(obj):
-    return json_text(obj).encode("utf-8")
+    try:
+        return json_text(obj).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate a client sent as an escape: keep it one
+        return json.dumps(obj, separators=(",", ":")).encode("ascii")
 
 
 class StreamTracker:

@@ -202,7 +202,9 @@ class App:
                  "context_tokens": retrieval.get("context_tokens"), "retrieval_ms": retrieval.get("ms"),
                  "retrieval_stages": retrieval.get("stages"), "upstream_ms": trace.upstream_ms,
                  "total_ms": (self.clock() - trace.started) * 1000.0, "status": status, "streamed": streamed,
-                 "error": error or retrieval.get("error"), "query": retrieval.get("query")}
+                 # A failed retrieval's client error is the same every time; its cause is for the log.
+                 "error": retrieval["error"] if retrieval.get("outcome") == "failed" else
+                 error or retrieval.get("error"), "query": retrieval.get("query")}
         self.metrics.observe_request(entry)
         if self.request_log is not None:
             self.request_log.record(entry)
@@ -358,13 +360,16 @@ class App:
         if endpoint.dialect == "ollama" and provider.type != "ollama":
             return translate_ollama_call(self, exchange)
         body = request.body
-        if exchange.changed:
-            body = json_bytes(payload)
-        elif exchange.edits:
-            paths = exchange.edits + (("model",),) if renamed else exchange.edits
-            body = with_edits(body, payload, paths) or json_bytes(payload)
-        elif renamed:
-            body = with_model(body, sent_model, upstream_model) or json_bytes(payload)
+        try:
+            if exchange.changed:
+                body = json_bytes(payload)
+            elif exchange.edits:
+                paths = exchange.edits + (("model",),) if renamed else exchange.edits
+                body = with_edits(body, payload, paths) or json_bytes(payload)
+            elif renamed:
+                body = with_model(body, sent_model, upstream_model) or json_bytes(payload)
+        except RecursionError:  # nesting json parsed with a few levels to spare, and cannot encode again
+            raise ClientError(400, "request body is nested too deeply") from None
         url = upstream_url(provider, path, request.query)
         sent = self.clock()
         response = self._send(request, endpoint.dialect, provider, "POST", url, body, exchange.response_headers)

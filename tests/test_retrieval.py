@@ -526,6 +526,10 @@ def test_fail_closed_tells_every_dialect_the_same_and_the_log_the_cause(make_pro
             assert refused.split("//")[1].encode() not in data and b"refused" not in data.lower()
     assert refused + "/v1/embeddings" in caplog.text and "refused" in caplog.text.lower()
     assert not any(r.path != "/v1/embeddings" and question in r.body.decode() for r in fake.requests)
+    # The request log (the panel's) keeps the cause, not the stable message the client got.
+    assert p.app.request_log.flush()
+    logged = p.app.request_log.query(outcome="failed")
+    assert len(logged) == len(calls) and all(refused in row["error"] for row in logged)
     # The SDKs read it as the API error it is.
     with pytest.raises(openai.APIStatusError) as info:
         _openai(p).chat.completions.create(model="llama3", messages=[{"role": "user", "content": question}])
@@ -602,6 +606,17 @@ def test_a_lone_surrogate_escape_is_forwarded_with_context_as_sent(rag_proxy, fa
     sent = fake.last.body
     assert sent.startswith(head) and b"do \\ud800\"}]}" in sent
     assert fake.last.json["messages"][1]["content"].endswith("what does the purple elephant do \ud800")
+
+
+def test_a_lone_surrogate_is_forwarded_with_context_when_the_whole_body_is_encoded_again(rag_proxy, fake):
+    # A repeated member name leaves no single span to splice, so the whole body is encoded again.
+    body = (b'{"model": "llama3", "stream": false, "stream": false, "messages": '
+            b'[{"role": "user", "content": "what does the purple elephant do \\ud800"}]}')
+    req = urllib.request.Request(rag_proxy.url + "/v1/chat/completions", method="POST", data=body,
+                                 headers={"Authorization": "Bearer " + API_KEY})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.loads(r.read())["choices"][0]["message"]["content"] == "FOUND: " + SECRET
+    assert fake.last.json["messages"][0]["content"].endswith("what does the purple elephant do \ud800")
 
 
 def test_bodies_nested_to_the_json_limit_are_never_a_500(rag_proxy, fake):
