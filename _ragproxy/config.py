@@ -59,6 +59,8 @@ server:
   port: 8100
   max_body_bytes: 33554432 # 32 MiB; larger request bodies get 413
   client_timeout: 300      # seconds a client connection may sit idle
+  head_timeout: 10         # seconds for a request's whole head to arrive
+  max_connections: 512     # more get 503; GET /health still answers
   reload_interval: 2       # seconds between config file checks
 
 # Clients send one of these keys as "Authorization: Bearer KEY" or "x-api-key".
@@ -111,6 +113,7 @@ rag:
   rerank_top_k: 20
   query_source: last_user
   on_failure: degrade      # degrade | fail_closed | use_stale
+  timeout_ms: 5000         # the whole retrieval of one request; then on_failure applies
   index_interval: 30       # seconds between checks of the sources for changes
 
 vectorstore:

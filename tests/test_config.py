@@ -36,6 +36,19 @@ def test_default_config_is_valid_and_complete():
     assert [m.name for m in config.models] == ["*"]
 
 
+def test_the_default_config_file_states_the_schemas_defaults():
+    """The written file shows values for people to edit; each one must be the default
+    the schema applies without it (one source of truth, shown twice)."""
+    from _ragproxy.yamlish import parse_yaml
+    text = ragproxy.DEFAULT_CONFIG_TEMPLATE.replace("@@API_KEY@@", "rp-0123456789")
+    written = ragproxy.Config.from_text(text, environ={}).raw
+    shown, _ = parse_yaml(text)
+    bare = ragproxy.Config.from_text(MINIMAL, environ={}).raw
+    for section in ("server", "rag", "admin", "uploads", "security"):
+        for key, value in shown[section].items():
+            assert written[section][key] == bare[section][key], (section, key, value)
+
+
 def test_defaults_fill_missing_sections():
     config = ragproxy.Config.from_text(MINIMAL, environ={})
     assert config.rag["top_k"] == 5 and config.raw["security"]["log_query"] is False
