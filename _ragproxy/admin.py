@@ -604,7 +604,9 @@ class Admin:
         def change(data):
             entry = _config_map(data, "knowledge_bases").get(name)
             if not isinstance(entry, dict):
-                raise ClientError(404, f"knowledge base {name!r} is not in the config file", "not_found")
+                raise ClientError(404, f"knowledge base {name!r} is not in the config file (a model's kb names "
+                                       "it): declare it first with POST /admin/api/kbs, the panel's Declare button",
+                                  "not_found")
             for key, value in body.items():
                 if isinstance(value, dict) and isinstance(entry.get(key), dict):
                     entry[key].update(value)  # chunking, bm25, weights: change only what was sent
@@ -769,7 +771,7 @@ class Admin:
         return json_response(200, {"entries": entries, "limit": limit, "offset": offset})
 
     def get_log(self, request, id):
-        if not id.isdigit():
+        if not (id.isascii() and id.isdigit() and len(id) <= 18):  # isdigit() alone takes '\xb9'
             raise ClientError(400, "a log entry id is a number")
         entry = self._request_log().get(int(id))
         if entry is None:

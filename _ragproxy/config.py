@@ -902,12 +902,20 @@ class ConfigWatcher:
         self._wake.set()
 
 
+def loggable_url(url):
+    """``url`` with its ``user:password@`` part masked, for log lines (a token is often the user)."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
 def describe_models(config):
     llm = config.providers["llm"]
 
     def describe(provider):
         unchecked = provider.base_url.startswith("https:") and not provider.tls_verify
-        return f"{provider.name} {provider.base_url}" + (" (certificate not checked)" if unchecked else "")
+        return f"{provider.name} {loggable_url(provider.base_url)}" + (" (certificate not checked)" if unchecked else "")
 
     parts = []
     for route in config.models:

@@ -265,6 +265,9 @@ class RequestLog:
 
     def _connect(self):
         import sqlite3  # here: see the module docstring
+        # The rows name clients' keys (and hold queries with security.log_query), so
+        # the file is its owner's alone; SQLite gives its -wal and -shm files the same mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         conn = sqlite3.connect(self.path, timeout=10, check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA busy_timeout=10000")
         return conn

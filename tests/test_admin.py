@@ -374,6 +374,7 @@ def test_a_proxied_request_appears_in_the_log_with_its_chunks(admin_proxy, fake)
     assert admin.get("/admin/api/logs?since=abc")[0] == 400
     assert admin.get("/admin/api/logs/999999")[0] == 404
     assert admin.get("/admin/api/logs/x")[0] == 400
+    assert admin.get("/admin/api/logs/%C2%B9")[0] == 400  # a superscript digit passes str.isdigit()
     status, _, stats = admin.get("/admin/api/stats?hours=24")
     assert status == 200 and stats["requests"] == 1 and stats["hit_rate"] == 1.0
     assert len(stats["trend"]) == 24 and stats["kbs"]["ops"]["requests"] == 1

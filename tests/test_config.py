@@ -510,3 +510,13 @@ def test_fuzzed_configs_give_a_config_or_a_config_error():
             assert exc.errors and all(isinstance(m, str) and m for _, _, m in exc.errors), text[:2000]
             outcomes["error"] += 1
     assert outcomes["config"] >= 10 and outcomes["error"] >= 100, outcomes
+
+
+def test_credentials_in_a_base_url_are_masked_where_the_models_are_logged():
+    from _ragproxy.config import describe_models, loggable_url
+    config = ragproxy.Config.from_text(MINIMAL.replace('"http://127.0.0.1:11434"', '"http://me:s3cret@gw.corp:8080"'),
+                                       environ={})
+    line = describe_models(config)
+    assert "s3cret" not in line and "local http://***@gw.corp:8080" in line
+    assert loggable_url("https://gw.corp/v1") == "https://gw.corp/v1"
+    assert loggable_url("https://ghp_token@gw.corp/v1?x=@") == "https://***@gw.corp/v1?x=@"

@@ -389,3 +389,14 @@ def test_a_failure_while_logging_a_call_costs_its_answer_nothing(make_proxy, fak
         time.sleep(0.01)
     assert seen == [200, 200]
     assert 'ragproxy_requests_total{model="gpt-4o",outcome="none",status="200"} 1' in p.app.metrics.render()
+
+
+def test_the_log_and_its_wal_are_readable_by_their_owner_only(tmp_path, clock):
+    import os
+    import stat
+    path = tmp_path / "logs" / "requests.db"
+    with RequestLog(str(path), clock=clock) as rl:
+        rl.record({"model": "m", "client": "team-key", "status": 200})
+        assert rl.flush()
+        for name in ("requests.db", "requests.db-wal"):
+            assert stat.S_IMODE(os.stat(path.parent / name).st_mode) == 0o600, name
