@@ -35,7 +35,7 @@ from .defaults import (
     UPLOAD_MAX_TOTAL_BYTES,
 )
 from .files import atomic_write
-from .yamlish import YAMLError, dump_yaml, load_yaml
+from .yamlish import YAMLError, dump_yaml, format_path, load_yaml
 
 log = logging.getLogger("ragproxy")
 
@@ -311,18 +311,11 @@ def _substitute_env(value, environ, path, errors, positions):
             return environ[name]
         if default is not None:
             return default
-        errors.append((_format_path(path), _line_of(positions, path),
+        errors.append((format_path(path), _line_of(positions, path),
                        f"environment variable {name} is not set (use ${{{name}:-default}})"))
         return ""
 
     return _ENV_REF.sub(replace, value)
-
-
-def _format_path(path):
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
 
 
 def _line_of(positions, path):
@@ -335,7 +328,7 @@ def _line_of(positions, path):
 
 def _check_field(value, field, path, positions, errors):
     def bad(message):
-        errors.append((_format_path(path), _line_of(positions, path), message))
+        errors.append((format_path(path), _line_of(positions, path), message))
         return field.default if field.default is not _REQUIRED else None
 
     if value is None and field.null:
@@ -393,7 +386,7 @@ def _check_api_keys(value, path, positions, errors):
     if value is None:
         return keys
     if not isinstance(value, list):
-        errors.append((_format_path(path), _line_of(positions, path), "expected a list of keys"))
+        errors.append((format_path(path), _line_of(positions, path), "expected a list of keys"))
         return keys
     for i, item in enumerate(value):
         if isinstance(item, dict) and isinstance(item.get("key"), str) and set(item) <= {"key", "name"}:
@@ -401,11 +394,11 @@ def _check_api_keys(value, path, positions, errors):
         elif isinstance(item, str):
             key, name = item, ""
         else:
-            errors.append((_format_path(path + (i,)), _line_of(positions, path + (i,)),
+            errors.append((format_path(path + (i,)), _line_of(positions, path + (i,)),
                            "expected a key string or a {key, name} mapping"))
             continue
         if len(key) < 8:
-            errors.append((_format_path(path + (i,)), _line_of(positions, path + (i,)),
+            errors.append((format_path(path + (i,)), _line_of(positions, path + (i,)),
                            "an API key must be at least 8 characters"))
             continue
         keys.append({"key": key, "name": name or f"key{i + 1}"})
@@ -422,29 +415,29 @@ def _check(value, schema, path, positions, errors):
             value = [] if container == "list" else {}
         if container == "list":
             if not isinstance(value, list):
-                errors.append((_format_path(path), _line_of(positions, path), "expected a list"))
+                errors.append((format_path(path), _line_of(positions, path), "expected a list"))
                 return []
             return [_check(v, item_schema, path + (i,), positions, errors) for i, v in enumerate(value)]
         if not isinstance(value, dict):
-            errors.append((_format_path(path), _line_of(positions, path), "expected a mapping"))
+            errors.append((format_path(path), _line_of(positions, path), "expected a mapping"))
             return {}
         return {str(k): _check(v, item_schema, path + (k,), positions, errors) for k, v in value.items()}
     if value is None:
         value = {}
     if not isinstance(value, dict):
-        errors.append((_format_path(path), _line_of(positions, path), "expected a mapping"))
+        errors.append((format_path(path), _line_of(positions, path), "expected a mapping"))
         value = {}
     out = {}
     for key in value:
         if key not in schema:
             hint = _close_match(key, schema)
-            errors.append((_format_path(path + (key,)), _line_of(positions, path + (key,)),
+            errors.append((format_path(path + (key,)), _line_of(positions, path + (key,)),
                            "unknown key" + (f" (did you mean {hint!r}?)" if hint else "")))
     for key, sub in schema.items():
         if key in value:
             out[key] = _check(value[key], sub, path + (key,), positions, errors)
         elif isinstance(sub, _Field) and sub.default is _REQUIRED:
-            errors.append((_format_path(path + (key,)), _line_of(positions, path), "required key is missing"))
+            errors.append((format_path(path + (key,)), _line_of(positions, path), "required key is missing"))
         elif isinstance(sub, _Field):
             out[key] = copy_default(sub.default)
         else:
@@ -626,7 +619,7 @@ def _undeclared_kbs(raw, positions):
         for j, name in enumerate(model["kb"]):
             if name not in declared and name not in found and valid_kb_name(name):
                 path = ("models", i, "kb", j)
-                found[name] = (_format_path(path), _line_of(positions, path),
+                found[name] = (format_path(path), _line_of(positions, path),
                                _close_match(name, declared) if declared else None)
     return found
 
@@ -636,7 +629,7 @@ def _check_client_certificate(spec, path, positions, errors):
     where = path + ("client_cert",)
     if not spec.get("client_cert"):
         if where not in positions:  # else client_cert itself was refused, and said so
-            errors.append((_format_path(where), _line_of(positions, path + ("client_key",)),
+            errors.append((format_path(where), _line_of(positions, path + ("client_key",)),
                            "client_key needs client_cert"))
         return
     import ssl   # here: only a config naming a client certificate pays for it
@@ -644,7 +637,7 @@ def _check_client_certificate(spec, path, positions, errors):
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(spec["client_cert"], spec.get("client_key") or None)
     except (ssl.SSLError, OSError) as exc:
-        errors.append((_format_path(where), _line_of(positions, where),
+        errors.append((format_path(where), _line_of(positions, where),
                        f"cannot load the client certificate{' and key' if spec.get('client_key') else ''}: {exc}"))
 
 
@@ -657,7 +650,7 @@ def _check_api_prefix(kind, spec, path, positions, errors):
     sample = "/api/embed" if kind == "embedding" else "/v1/messages" if spec["type"] == "anthropic" \
         else "/v1/chat/completions"
     where = path + ("base_url",)
-    errors.append((_format_path(where), _line_of(positions, where),
+    errors.append((format_path(where), _line_of(positions, where),
                    f"a type {spec['type']} base_url is the server root, without /v1: requests would go to "
                    f"{base_url}{sample}; drop the /v1 (base_url: {base_url[:-3]})"
                    + (" or, for an OpenAI-compatible endpoint, use type: openai" if kind == "llm" else "")))
@@ -705,7 +698,7 @@ def _check_semantics(raw, positions, errors, warnings):
         path = ("models", i)
         for up in model.get("upstream") or []:
             if up not in llm:
-                errors.append((_format_path(path + ("upstream",)), _line_of(positions, path + ("upstream",)),
+                errors.append((format_path(path + ("upstream",)), _line_of(positions, path + ("upstream",)),
                                f"no provider {up!r} under providers.llm"
                                + (f" (have: {', '.join(llm)})" if llm else "")))
         for j, kb in enumerate(model.get("kb") or []):
@@ -713,34 +706,34 @@ def _check_semantics(raw, positions, errors, warnings):
             # becomes a directory name, so it must be a valid one.
             if kb not in raw["knowledge_bases"] and not valid_kb_name(kb):
                 hint = _close_match(kb, raw["knowledge_bases"]) if raw["knowledge_bases"] else None
-                errors.append((_format_path(path + ("kb", j)), _line_of(positions, path + ("kb", j)),
+                errors.append((format_path(path + ("kb", j)), _line_of(positions, path + ("kb", j)),
                                f"{kb!r} is not a knowledge base name: letters, digits, '_', '-' and '.' "
                                "(64 at most, starting with a letter or digit)"
                                + (f"; did you mean {hint!r}?" if hint else "")))
         if model.get("rerank") and not raw["providers"]["rerank"]:
-            warnings.append((_format_path(path + ("rerank",)), _line_of(positions, path + ("rerank",)),
+            warnings.append((format_path(path + ("rerank",)), _line_of(positions, path + ("rerank",)),
                              f"rerank is on but there is {_NO_RERANKER}: {model.get('name')!r} is served "
                              "without reranking"))
         name = model.get("name")
         if name in names_seen:
-            errors.append((_format_path(path + ("name",)), _line_of(positions, path + ("name",)),
+            errors.append((format_path(path + ("name",)), _line_of(positions, path + ("name",)),
                            f"model {name!r} is already defined at models[{names_seen[name]}]"))
         names_seen[name] = i
     for name, kb in raw["knowledge_bases"].items():
         path = ("knowledge_bases", name)
         if not KB_NAME.match(name):
-            errors.append((_format_path(path), _line_of(positions, path),
+            errors.append((format_path(path), _line_of(positions, path),
                            "a knowledge base name uses letters, digits, '_', '-' and '.' (64 at most)"))
         if not isinstance(kb, dict):
             continue
         chunking = kb.get("chunking") or {}
         if isinstance(chunking.get("chunk_overlap"), int) and isinstance(chunking.get("chunk_size"), int) \
                 and chunking["chunk_overlap"] > chunking["chunk_size"] // 2:
-            errors.append((_format_path(path + ("chunking", "chunk_overlap")),
+            errors.append((format_path(path + ("chunking", "chunk_overlap")),
                            _line_of(positions, path + ("chunking", "chunk_overlap")),
                            "chunk_overlap must be at most half of chunk_size"))
         if kb.get("retrieval") in ("dense", "hybrid") and kb.get("embedding") not in raw["providers"]["embedding"]:
-            errors.append((_format_path(path + ("embedding",)), _line_of(positions, path + ("embedding",)),
+            errors.append((format_path(path + ("embedding",)), _line_of(positions, path + ("embedding",)),
                            f"retrieval {kb['retrieval']} needs an embedding provider from providers.embedding"
                            + (f" (have: {', '.join(raw['providers']['embedding'])})"
                               if raw["providers"]["embedding"] else "")))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from .yamlish import YAMLError, dump_yaml, load_yaml
+from .yamlish import YAMLError, dump_yaml, format_path, load_yaml
 
 MASK_CHAR = "\u2022"
 _SECRET_HEADER = re.compile(r"auth|key|token|secret|passw|cookie|session|credential|signature", re.I)
@@ -132,7 +132,7 @@ def restore_text(text, stored_text):
             replacements.append((path, real))
             continue
         line = positions.get(path, (None,))[0]
-        errors.append((_format_path(path), line, "this is a masked key that matches no stored key "
+        errors.append((format_path(path), line, "this is a masked key that matches no stored key "
                        "(was it renamed, or changed in the file meanwhile?): type the key itself"))
     if errors:
         raise MaskError(errors)
@@ -145,13 +145,6 @@ def restore_text(text, stored_text):
 
 
 # -- in place -----------------------------------------------------------------
-
-
-def _format_path(path):
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
 
 
 def _value_at(data, path):

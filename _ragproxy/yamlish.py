@@ -1,4 +1,4 @@
-"""The YAML subset that config files are written in: parse_yaml, load_yaml, dump_yaml.
+"""The YAML subset that config files are written in: parse_yaml, load_yaml, dump_yaml, format_path.
 
 config.yaml is read with PyYAML when it is installed (``deps.yaml``) and with
 parse_yaml() otherwise; both paths return the same ``(data, positions)`` and
@@ -6,7 +6,7 @@ refuse the same unsupported features and the same nesting beyond MAX_NESTING,
 so a config never means two different things and no text, however deep,
 raises anything but YAMLError.  parse_yaml's docstring has the grammar;
 errors carry line and column.
-dump_yaml writes what the admin API saves back.
+dump_yaml writes what the admin API saves back; format_path names a key path in errors.
 
 May import: deps.
 """
@@ -754,6 +754,14 @@ class _YamlParser:
 
 _YAML_PLAIN_SAFE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*\Z")
 _YAML_QUOTE_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def format_path(path):
+    """A key path as config errors name it: ``("models", 0, "name")`` is ``models[0].name``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
 
 
 def dump_yaml(data, header=""):
