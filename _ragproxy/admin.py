@@ -831,15 +831,21 @@ class Admin:
         return json_response(200, {"text": text, "path": self.config_file.path})
 
     def validate_settings(self, request):
-        self.config_file.validate(self._settings_text(request))
-        return json_response(200, {"ok": True})
+        config = self.config_file.validate(self._settings_text(request))
+        return json_response(200, {"ok": True, "warnings": _warnings_view(config)})
 
     def put_settings(self, request):
         with self.config_file.lock:   # the file the masked values are restored from is the one replaced
             config = self.config_file.write(self._settings_text(request))
         self.app.reload(config)
         log.info("config.yaml replaced through the admin API from %s", request.client)
-        return json_response(200, {"ok": True, "backup": self.config_file.path + ".bak"})
+        return json_response(200, {"ok": True, "backup": self.config_file.path + ".bak",
+                                   "warnings": _warnings_view(config)})
+
+
+def _warnings_view(config):
+    """What loads but not as written (a rerank with no provider, ...), as the editor shows it."""
+    return [{"key": key, "line": line, "message": message} for key, line, message in config.warnings]
 
 
 _DELETED_PREFIX = ".deleted-"

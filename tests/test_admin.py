@@ -395,7 +395,13 @@ def test_settings_edit_validates_with_line_numbers_and_keeps_a_backup(admin_prox
     assert admin_proxy.config_path.read_text() == stored
     status, _, body = admin.post("/admin/api/settings/validate", {"text": "models: [\n"})
     assert status == 400 and body["error"]["errors"][0]["line"] is not None
-    assert admin.post("/admin/api/settings/validate", {"text": original})[2] == {"ok": True}
+    assert admin.post("/admin/api/settings/validate", {"text": original})[2] == {"ok": True, "warnings": []}
+    # What loads but not as written is said, with its line, before and after saving.
+    line = '  - {name: "claude-*", upstream: an, rerank: true}'   # and no providers.rerank entry
+    rerank = original.replace('  - {name: "claude-*", upstream: an}', line)
+    body = admin.post("/admin/api/settings/validate", {"text": rerank})[2]
+    assert body["ok"] and [w["key"] for w in body["warnings"]] == ["models[0].rerank"]
+    assert body["warnings"][0]["line"] == rerank.splitlines().index(line) + 1
     edited = original.replace("api_key_auth: true", "api_key_auth: true\nrag:\n  top_k: 9")
     status, _, body = admin.put("/admin/api/settings", {"text": edited})
     assert status == 200 and body["backup"].endswith(".bak")
@@ -690,7 +696,7 @@ def test_settings_text_masks_every_key_and_a_save_keeps_the_stored_ones(make_adm
     assert len(text.splitlines()) == len(stored.splitlines())
     assert "ups\u2022\u2022\u2022\u2022-key     # from the vendor console" in text
     assert "# the laptops" in text and "X-Tenant: acme" in text and "${NO_SUCH_KEY:-}" in text
-    assert admin.post("/admin/api/settings/validate", {"text": text})[2] == {"ok": True}
+    assert admin.post("/admin/api/settings/validate", {"text": text})[2] == {"ok": True, "warnings": []}
     # Saved back with one edit: the file has the real keys again, and the edit.
     edited = text.replace("# ragproxy for the team", "# ragproxy for the team\nrag: {top_k: 7}")
     status, _, body = admin.put("/admin/api/settings", {"text": edited})

@@ -477,6 +477,14 @@ def test_settings_validation_error_then_save(panel):
     assert page.evaluate("(() => { const t = document.getElementById('settings-editor');"
                          " return t.value.slice(t.selectionStart, t.selectionEnd); })()") == "not_a_setting: true"
 
+    # Valid but not as written: a rerank with no rerank provider is a warning with its line.
+    plain_line = '  - {name: "claude-*", upstream: an}'
+    editor.fill(text.replace(plain_line, '  - {name: "claude-*", upstream: an, rerank: true}'))
+    panel.tid("settings-validate").click()
+    expect(panel.tid("settings-status")).to_contain_text("1 warning")
+    expect(errors.get_by_test_id("settings-warning")).to_contain_text(f"Line {text.splitlines().index(plain_line) + 1}")
+    expect(errors.get_by_test_id("settings-warning")).to_contain_text("models[0].rerank")
+
     # A valid edit saves; the previous file is kept as the backup.
     editor.fill("# edited in the admin panel\n" + text)
     panel.tid("settings-validate").click()
