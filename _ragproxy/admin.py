@@ -503,12 +503,17 @@ class Admin:
                 return i
         raise ClientError(404, f"no model mapping named {name!r}", "not_found")
 
-    @staticmethod
-    def _model_view(config, name):
-        """The mapping as configured, plus ``rerank_status``: whether its rerank is in effect, and why not."""
+    def _model_view(self, config, name):
+        """The mapping as configured, plus ``rerank_status``: whether its rerank is in effect, and why not
+        (no rerank provider configured, or the one there switched off by a permanent error)."""
         index = next(i for i, m in enumerate(config.raw["models"]) if m["name"] == name)
-        return {**copy_default(config.raw["models"][index]),
-                "rerank_status": config.rerank_status(config.models[index])}
+        status = config.rerank_status(config.models[index])
+        retriever = self.app.retriever
+        off = retriever.disabled_rerankers.get(status["provider"]) if retriever and status["active"] else None
+        if off is not None:
+            status = dict(status, active=False, reason=f"reranker {status['provider']!r} was switched off after a "
+                                                       f"permanent error, until the config is reloaded: {off}")
+        return {**copy_default(config.raw["models"][index]), "rerank_status": status}
 
     def create_model(self, request):
         body = _json_object(request)

@@ -199,14 +199,14 @@ class Retriever:
         self.count_tokens = _tiktoken_counter() or estimate_tokens_text
         self.turns = _LRU(app.config.rag["turn_cache_size"])
         self.stale = _LRU(app.config.rag["turn_cache_size"])
-        self._disabled_rerankers = set()
+        self.disabled_rerankers = {}  # provider name -> why, after a permanent error (the panel shows it)
 
     def reconfigure(self, config):
         """After a reload: the caches take the new rag.turn_cache_size, and rerankers
         disabled by a permanent error get another chance."""
         for cache in (self.turns, self.stale):
             cache.resize(config.rag["turn_cache_size"])
-        self._disabled_rerankers.clear()
+        self.disabled_rerankers.clear()
 
     def select_kbs(self, exchange):
         header = exchange.request.headers.get(_KB_HEADER, "").strip()
@@ -380,7 +380,7 @@ class Retriever:
     def _reranker(self):
         providers = self.app.config.providers["rerank"]
         for name, provider in providers.items():
-            if name not in self._disabled_rerankers:
+            if name not in self.disabled_rerankers:
                 return RerankClient(provider, self.app.http)
         return None
 
@@ -393,7 +393,7 @@ class Retriever:
             order = client.rerank(query, [h.chunk.get("text", "") for h in hits], len(hits))
         except RerankError as exc:
             if exc.permanent:
-                self._disabled_rerankers.add(client.provider.name)
+                self.disabled_rerankers[client.provider.name] = str(exc)
                 log.error("reranker %s disabled until the config is reloaded: %s", client.provider.name, exc)
             else:
                 log.warning("rerank failed, keeping the fused order: %s", exc)

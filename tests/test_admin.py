@@ -759,3 +759,25 @@ def test_provider_views_mask_credential_headers_and_keep_them_when_sent_back(mak
     assert on_disk.api_key == "upstream-openai-key"
     assert dict(on_disk.headers) == {"X-Upstream-Auth": "hdr-secret-value-42", "X-Tenant": "umbrella"}
     assert body["headers"]["X-Upstream-Auth"] == "hdr\u2022\u2022\u2022\u2022e-42"
+
+
+def test_models_show_a_reranker_switched_off_by_a_permanent_error(make_admin_proxy, fake):
+    from conftest import proxy_config
+    text = proxy_config(fake.url, extra="knowledge_bases:\n  notes: {retrieval: lexical}\n").replace(
+        "providers:\n", f'providers:\n  rerank:\n    rr: {{type: openai, base_url: "{fake.url}/v1", model: m}}\n', 1
+    ).replace('  - {name: "*", upstream: [ol, oa]}', '  - {name: "*", upstream: [ol, oa], kb: [notes], rerank: true}')
+    proxy = make_admin_proxy(text)
+    notes = proxy.data_dir / "documents" / "notes"
+    notes.mkdir(parents=True, exist_ok=True)
+    (notes / "kettle.md").write_text("# Kettle\n\nThe copper kettle whistles at dawn.\n")
+    proxy.app.knowledge_bases.index_all()
+    admin = proxy.admin()
+
+    def status():
+        return {m["name"]: m["rerank_status"] for m in admin.get("/admin/api/models")[2]["models"]}["*"]
+
+    assert status() == {"requested": True, "active": True, "provider": "rr", "reason": None}
+    fake.fail_next(401, path="/v1/rerank")
+    proxy.app.retriever.search(["notes"], "copper kettle", proxy.app.resolve_route("anything"))
+    off = status()
+    assert off["active"] is False and off["provider"] == "rr" and "switched off" in off["reason"]
