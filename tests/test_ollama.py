@@ -1,6 +1,7 @@
 """Ollama's native API: passed through to Ollama, translated for OpenAI-style upstreams."""
 import json
 import random
+import sys
 import urllib.request
 
 import pytest
@@ -194,7 +195,11 @@ def test_translated_body_nested_just_under_the_parsers_limit_is_a_400(proxy, fak
     named = "'messages[0].tool_calls[0].function.arguments'" if field == "tool_arguments" else f"'{field}'"
     assert all(e in ("request body is not valid JSON: nested too deeply", f"{named} is nested too deeply")
                for e in ours), ours
-    if field != "tool_arguments":  # (arguments are encoded apart, shallower than the body that holds them)
+    # The window between parsing and encoding is there only where json's C parser and encoder
+    # count depth on Python's own stack: from 3.12 they keep a C limit of their own (far above
+    # these depths), so every body here is translated.  Arguments are encoded apart, shallower
+    # than the body that holds them.
+    if field != "tool_arguments" and sys.version_info < (3, 12):
         assert f"{named} is nested too deeply" in ours, ours  # the window between parsing and encoding was hit
 
 
