@@ -1,4 +1,4 @@
-"""The command line: ``python ragproxy.py [serve|index|search|kb|import] ...``.
+"""The command line: ``python ragproxy.py [serve|index|search|kb|import|mcp] ...``.
 
 Parses arguments, prepares the data directory and logging, loads the config
 and runs a command: serve wires App, Admin, the server and the config
@@ -153,6 +153,10 @@ def _parse_args(argv):
     p = sub.add_parser("import", parents=[common], help="add a BEIR-style JSONL corpus to a knowledge base")
     p.add_argument("kb")
     p.add_argument("corpus", help="a .jsonl file of {_id, title, text} lines")
+    p = sub.add_parser("mcp", parents=[common], help="serve the knowledge bases as MCP tools to one local client")
+    p.add_argument("--stdio", action="store_true",
+                   help="on stdin and stdout, for clients that launch their servers (serve has the HTTP "
+                        "endpoint, /mcp)")
     return parser.parse_args(argv)
 
 
@@ -210,9 +214,17 @@ def main(argv=None, environ=None):
     opt = vars(args)
     command = args.command or "serve"
     try:
+        channel = None
+        if command == "mcp":
+            if not args.stdio:
+                raise _CLIError("mcp serves on stdin and stdout: run 'ragproxy.py mcp --stdio' (over HTTP, MCP "
+                                "clients use http://HOST:PORT/mcp of 'ragproxy.py serve')")
+            channel = _claim_stdout()  # first: nothing below may write where the client reads
         data_dir, config_path, overrides, config = _load_settings(opt, environ)
         if command == "serve":
             return _serve(data_dir, config_path, overrides, config, environ)
+        if command == "mcp":
+            return _mcp_stdio(data_dir, config, channel)
         from .kb import KnowledgeBases
 
         kbs = KnowledgeBases(config, data_dir)
@@ -329,6 +341,49 @@ def _cmd_import(args, kbs):
         atomic_write(target, f.read())
     print(f"copied {args.corpus} to {target}")
     return _cmd_index(argparse.Namespace(kb=args.kb, full=False), kbs)
+
+
+def _claim_stdout():
+    """The process's standard output, for MCP messages alone (a binary stream).
+
+    File descriptor 1 and sys.stdout are pointed at stderr from here on, so
+    that no print, warning or child process can put anything else where the
+    client reads messages.
+    """
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (an embedding program's stream)
+        channel = getattr(sys.stdout, "buffer", sys.stdout)
+    else:
+        channel = os.fdopen(os.dup(fd), "wb")
+        os.dup2(sys.stderr.fileno(), fd)
+    sys.stdout = sys.stderr
+    return channel
+
+
+def _mcp_stdio(data_dir, config, channel):
+    """``mcp --stdio``: the MCP tools for the local user who launched it, on stdin and stdout.
+
+    It indexes nothing: it answers from the knowledge bases as committed on
+    disk (a ``serve`` process may be indexing them meanwhile), and says which
+    ones were never indexed.  No API key: whoever can launch it owns the data
+    directory.
+    """
+    from .mcp import McpServer, serve_stdio
+    from .proxy import App
+
+    app = App(config, data_dir=data_dir)
+    server = McpServer(app, indexer=False)
+    _log().info("ragproxy %s serving MCP on stdio; knowledge bases: %s", __version__,
+                ", ".join(app.readable_kbs(None)) or "none")
+    try:
+        serve_stdio(server, sys.stdin.buffer, channel)
+    except (KeyboardInterrupt, BrokenPipeError):  # the client stopped us, or went away
+        pass
+    finally:
+        app.close()
+    return 0
 
 
 _KB_COMMANDS = {"index": _cmd_index, "search": _cmd_search, "kb": _cmd_kb, "import": _cmd_import}

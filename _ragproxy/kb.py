@@ -398,6 +398,44 @@ class KnowledgeBase:
             self._loaded = (generation, bm25)
             return self._loaded
 
+    def source_chunks(self, source):
+        """``(source_id, chunks)``: the committed chunk dicts of one indexed document, in order; or None.
+
+        ``source`` is a file's id (``label/path``, as the manifest keys it) or
+        the name its chunks cite: an upload's original name, or one record of
+        a JSONL corpus (``label/corpus.jsonl#id``, whose file's chunks are
+        then narrowed to that record's).
+        """
+        generation, _ = self.current()
+        if generation is None:
+            return None
+        manifest = generation.manifest
+        found = self._manifest_entry(manifest, source)
+        record = None
+        if found is None and "#" in source:
+            found, record = self._manifest_entry(manifest, source.rpartition("#")[0]), source
+        if found is None:
+            return None
+        source_id, entry = found
+        ids = entry.get("chunk_ids", [])
+        rows = range(entry["row"], entry["row"] + len(ids)) if "row" in entry else generation.rows_for_ids(ids)
+        chunks = generation.chunks.get_many(rows)
+        if record is not None:
+            chunks = [c for c in chunks if c.get("source") == record]
+            if not chunks:
+                return None
+        return source_id, chunks
+
+    @staticmethod
+    def _manifest_entry(manifest, source):
+        entry = manifest.get(source)
+        if entry is not None:
+            return source, entry
+        for source_id, entry in manifest.items():  # an upload, by the name it was uploaded as
+            if entry.get("shown") == source:
+                return source_id, entry
+        return None
+
     def search(self, query, top_k=5, mode=None, min_lexical=None, min_dense=None, timings=None):
         """The best chunks for ``query``: a list of Hit, best first.
 

@@ -1,8 +1,9 @@
 """Prometheus metrics for /metrics, in the text exposition format.
 
 A small registry (counters, gauges, histograms with bounded label sets) fed
-by the same entry dicts as the request log, plus collectors that read gauges
-(chunks, bytes, indexing progress) when /metrics is scraped.
+by the same entry dicts as the request log and by the MCP server's tool
+calls, plus collectors that read gauges (chunks, bytes, indexing progress)
+when /metrics is scraped.
 
 May import: reqlog.
 """
@@ -200,7 +201,15 @@ _METRIC_FAMILIES = (
     ("gauge", "ragproxy_kb_chunks", "Chunks in the knowledge base's current generation.", ("kb",)),
     ("gauge", "ragproxy_kb_bytes", "Bytes of the knowledge base's current generation on disk.", ("kb",)),
     ("gauge", "ragproxy_indexing_progress", "Fraction of the running indexing pass done (0 to 1).", ("kb",)),
+    ("counter", "ragproxy_mcp_tool_calls_total", "MCP tool calls by tool and outcome (ok, error, denied).",
+     ("tool", "outcome")),
+    ("histogram", "ragproxy_mcp_tool_seconds", "MCP tool call time in seconds by tool.", ("tool",),
+     _SECONDS_BUCKETS),
 )
+#: The closed label sets of the MCP families: the MCP server's tools, and what a call came to
+#: ("denied": it named a knowledge base the caller's key may not read).
+MCP_TOOLS = ("search", "list_knowledge_bases", "read_source")
+MCP_OUTCOMES = ("ok", "error", "denied")
 _FAMILY_CLASSES = {"counter": _PromCounter, "gauge": _PromGauge, "histogram": _PromHistogram}
 
 
@@ -273,6 +282,13 @@ class Metrics:
         if entry.get("upstream_ms") is not None and entry.get("upstream"):
             self._families["ragproxy_upstream_seconds"].observe(
                 float(entry["upstream_ms"]) / 1000.0, provider=entry["upstream"])
+
+    def observe_tool_call(self, tool, outcome, seconds):
+        """Count one MCP tool call; ``tool`` and ``outcome`` must be from MCP_TOOLS and MCP_OUTCOMES."""
+        if tool not in MCP_TOOLS or outcome not in MCP_OUTCOMES:
+            raise ValueError(f"unknown MCP tool or outcome: {tool!r}, {outcome!r}")
+        self._families["ragproxy_mcp_tool_calls_total"].inc(tool=tool, outcome=outcome)
+        self._families["ragproxy_mcp_tool_seconds"].observe(seconds, tool=tool)
 
     def observe_index(self, kb, indexed=0, skipped=0, deferred=0, errors=0):
         """Count one indexing pass's files (e.g. from an IndexReport) for knowledge base ``kb``."""

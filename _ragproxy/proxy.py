@@ -5,8 +5,9 @@ StreamResponse; the HTTP server is a thin adapter around it.  Routing picks
 a model's provider, rewriters (retrieval first) change the request between
 parsing and forwarding (App.rewriters), and the answer is relayed event by
 event.  The request log and the metrics are kept after the answer is sent.
+/mcp, after the same API-key check, is the MCP server's (mcp.McpServer).
 
-May import: api, config, deps, jsonbody, kb, metrics, ollama, reqlog, retrieval, upstream.
+May import: api, config, deps, jsonbody, kb, mcp, metrics, ollama, reqlog, retrieval, upstream.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import logging
 import os
 import random
 import re
+import threading
 import time
 
 from . import __version__, deps
@@ -119,6 +121,8 @@ class App:
         self.knowledge_bases = None
         self.request_log = None
         self.admin = None  # an Admin serves the panel and /admin/api/ once attached
+        self._mcp = None   # the MCP endpoint's server, made on its first request
+        self._mcp_lock = threading.Lock()
         self._routes = (None, {})  # (config, model name -> route): resolved once per config
         if data_dir:
             self.knowledge_bases = KnowledgeBases(config, data_dir, self.http, clock, on_report=self._observe_index)
@@ -238,6 +242,8 @@ class App:
         if path.startswith("/admin/"):
             raise ClientError(404, "the admin API is off: it needs a data directory and a panel secret key",
                               "not_found")
+        if path == "/mcp":
+            return self._mcp_call(request, trace)
         if path == "/metrics" and method == "GET":
             return Response(200, [("Content-Type", Metrics.CONTENT_TYPE)], self.metrics.render().encode("utf-8"))
         if not (path.startswith("/v1/") or path.startswith("/api/")):
@@ -280,6 +286,34 @@ class App:
         if matched is None:
             raise ClientError(401, "invalid API key", "invalid_api_key")
         return matched
+
+    def readable_kbs(self, key):
+        """The knowledge bases a client with ``key`` (an api_keys entry, or None when
+        api_key_auth is off) may read: every configured one, until keys carry scopes."""
+        return list(self.knowledge_bases.kbs) if self.knowledge_bases is not None else []
+
+    # -- MCP ------------------------------------------------------------------
+
+    def mcp_server(self):
+        """The McpServer behind /mcp, made on first use."""
+        if self._mcp is None:
+            with self._mcp_lock:
+                if self._mcp is None:
+                    from .mcp import McpServer
+                    self._mcp = McpServer(self)
+        return self._mcp
+
+    def _mcp_call(self, request, trace):
+        server = self.mcp_server()
+        refused = server.refuse_origin(request)  # before the key: a rebinding page gets nothing to try keys on
+        if refused is not None:
+            return refused
+        try:
+            key = self._authenticate(request)
+        except ClientError as exc:
+            return server.unauthorized(exc.message)
+        trace.client = key["name"] if key else ""
+        return server.handle(request, key)
 
     # -- routing ------------------------------------------------------------
 
