@@ -445,7 +445,9 @@ class McpServer:
         replies = self.handle_payload(payload, session)
         if replies is None:
             return Response(202, [], b"")
-        status = 400 if isinstance(replies, dict) and replies.get("id") is None and "error" in replies else 200
+        # A message that is no valid request is a 400; a request's own failure is its answer (200).
+        refused = isinstance(replies, dict) and replies.get("error", {}).get("code") in (PARSE_ERROR, INVALID_REQUEST)
+        status = 400 if refused else 200
         return _reply(status, replies, not wants_json)
 
     def _initialize_http(self, payload, key, wants_json):
