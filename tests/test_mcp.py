@@ -554,6 +554,21 @@ def test_tool_calls_are_counted_in_metrics_and_logged(served):
     assert rows[1]["kbs"] == ["docs", "code"] and "invalid arguments" in rows[2]["error"]
 
 
+def test_the_panels_request_log_lists_tool_calls_with_the_passages_they_returned(make_admin_proxy, fake):
+    proxy = make_admin_proxy(kb_text(fake.url))
+    fill_data_dir(str(proxy.data_dir))
+    proxy.app.knowledge_bases.index_all()
+    session = initialize(proxy)
+    found = call(proxy, session, "search", {"query": "frobnicator", "kb": "docs", "top_k": 1})
+    logged_rows(proxy.app, 1)
+    admin = proxy.admin()
+    entries = admin.get("/admin/api/logs?outcome=ok")[2]["entries"]
+    assert [(e["endpoint"], e["model"], e["kbs"]) for e in entries] == [("mcp_tool", "search", ["docs"])]
+    detail = admin.get(f"/admin/api/logs/{entries[0]['id']}")[2]
+    assert [c["text"] for c in detail["chunks"]] == [r["text"] for r in found["result"]["structuredContent"]
+                                                     ["results"]]
+
+
 def test_the_metrics_take_only_the_closed_label_sets():
     metrics = ragproxy.App(ragproxy.Config.from_text(proxy_config("http://127.0.0.1:9"))).metrics
     for tool in MCP_TOOLS:
@@ -759,6 +774,13 @@ def test_stdio_writes_only_jsonrpc_to_stdout_even_on_a_first_start(tmp_path):
     assert [r["id"] for r in replies[3]] == [2, 3]
     assert "initialized already" in replies[4]["error"]["message"]
     assert replies[-1] == {"jsonrpc": "2.0", "id": 4, "result": {}}
+
+
+def test_mcp_without_stdio_says_how_to_run_it(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "ragproxy.py"), "mcp", "--data-dir",
+                           str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == b""
+    assert b"mcp --stdio" in proc.stderr and b"/mcp" in proc.stderr
 
 
 # -- fuzz ----------------------------------------------------------------------------------------
