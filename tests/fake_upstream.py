@@ -975,6 +975,9 @@ class FakeUpstream:
       models                      ids served by /v1/models, /api/tags
       embedding_dims              default vector size (64)
       tool_arguments              dict used for tool calls instead of schema placeholders
+      tool_call_fn(recorded)      -> (tool name, arguments dict) to call, or None to answer with
+                                  text; when set it decides instead of the CALL_TOOL rule (an
+                                  agent such as Claude Code offers dozens of tools and adds turns)
       delay                       seconds to wait before answering
       event_delay                 seconds between stream events
       end_delay                   seconds between a stream's last event and the end of its body
@@ -993,6 +996,7 @@ class FakeUpstream:
         self.models = ["fake-model", "claude-fake-model"]
         self.embedding_dims = 64
         self.tool_arguments = None
+        self.tool_call_fn = None
         self.delay = 0.0
         self.event_delay = 0.0
         self.end_delay = 0.0
@@ -1135,6 +1139,13 @@ class FakeUpstream:
     def _plan(self, rec: Recorded, tools) -> _Plan:
         body = rec.json
         plan = _Plan(model=str(body.get("model") or "fake-model"), text="", input_tokens=_prompt_tokens(body))
+        if self.tool_call_fn is not None:
+            call = self.tool_call_fn(rec)
+            if call:
+                plan.tool_name, plan.arguments = call[0], json.dumps(call[1], separators=(",", ":"))
+                return plan
+            plan.text = str((self.reply_fn or self.default_reply)(rec))
+            return plan
         turns = conversation(rec)
         tool = _first_tool(tools)
         if tool and turns and turns[-1][0] == "user" and "CALL_TOOL" in turns[-1][1]:
