@@ -248,3 +248,21 @@ def test_sse_relay_passes_one_large_event_on_both_paths_beside_a_compare_copy():
     figures = report["results"]["1.0"]
     assert len(figures) == 4 and all(seconds > 0 for seconds in figures.values())
     assert {"ragproxy relay", "ragproxy ollama"} <= set(figures)
+
+
+# -- mcp_latency.py -------------------------------------------------------------------
+
+def test_mcp_latency_times_the_search_tool_beside_the_admin_api_and_the_cli(tmp_path):
+    proc = run_script("mcp_latency.py", "--chunks", "300", "--queries", "6", "--cli-runs", "2", "--warmup", "1",
+                      "--kb-dir", str(tmp_path / "kb"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    sides = report["sides"]
+    assert set(sides) == {"in-process floor", "mcp http", "mcp stdio", "admin api", "cli"}
+    assert sides["cli"]["n"] == 2 and all(s["n"] == 6 for name, s in sides.items() if name != "cli")
+    assert all(s["p50_ms"] > 0 and s["p99_ms"] >= s["p50_ms"] for s in sides.values())
+    # Every side searched the same KB and found what the in-process search finds first.
+    assert sides["mcp http"]["hits_per_query"] > 0
+    assert all(s["agree"] == 1.0 for s in sides.values())
+    assert "p50 x floor" in proc.stdout
+    assert (tmp_path / "kb" / "data" / "built-for").read_text() == "300"   # --kb-dir keeps the KB for next time
