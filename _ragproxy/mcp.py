@@ -684,8 +684,9 @@ class McpServer:
         if app.request_log is None:
             return
         key = session.key
+        client = key.get("name", "") if isinstance(key, dict) else "stdio" if session.transport == "stdio" else ""
         app.request_log.record({
-            "time": app.clock() - seconds, "client": key.get("name", "") if isinstance(key, dict) else "",
+            "time": app.clock() - seconds, "client": client,
             "model": call.tool, "upstream": None, "endpoint": "mcp_tool", "kbs": call.kbs,
             "retrieval_mode": call.mode, "outcome": outcome, "chunk_ids": call.chunk_ids,
             "retrieval_ms": call.search_ms, "total_ms": seconds * 1000.0, "status": 200, "streamed": streamed,

@@ -744,6 +744,15 @@ def test_the_sdk_over_stdio(fake, tmp_path):
     states = {k["name"]: k["state"] for k in out[3].structured_content["knowledge_bases"]}
     assert states == {"docs": "ready", "code": "ready", "later": "not_indexed"}
     assert later.is_error and "has not been indexed yet" in later.content[0].text
+    from _ragproxy.reqlog import RequestLog
+    requests = RequestLog(os.path.join(data_dir, "logs", "requests.db"), start=False)
+    try:  # the stdio process logged its calls where a serve process's panel reads them
+        rows = sorted(requests.query(), key=lambda r: r["id"])
+    finally:
+        requests.close()
+    assert [(r["model"], r["outcome"], r["client"]) for r in rows] == [
+        ("search", "ok", "stdio"), ("list_knowledge_bases", "ok", "stdio"), ("read_source", "ok", "stdio"),
+        ("read_source", "error", "stdio"), ("search", "error", "stdio")]
 
 
 # -- stdio on the wire ---------------------------------------------------------------------------
