@@ -188,7 +188,8 @@ def test_claude_code_answers_with_a_passage_only_the_search_tool_could_fetch(ser
     # The passage reached the model only inside the search tool's result, never before it.
     before = [r for r in requests if TOOL not in tool_results(r)]
     assert before and not any(SECRET in r.body.decode("utf-8", "replace") for r in before)
-    assert SECRET in text_of(tool_results(calls[-1])[TOOL])
+    seen = text_of(tool_results(calls[-1])[TOOL])
+    assert SECRET in seen and "handbook/facilities.md" in seen   # and where it is, to read around it
     first = requests[0]
     if tool_search == "listed":
         (schema,) = [t for t in first.json["tools"] if t.get("name") == TOOL]
