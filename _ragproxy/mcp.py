@@ -410,7 +410,7 @@ class McpServer:
                 return refused
             with self._lock:
                 self._sessions.pop(session.id, None)
-            return Response(200, [("Content-Type", "application/json")], b"")
+            return Response(200, [], b"")
         message = ("this MCP server opens no server-to-client stream: send JSON-RPC messages with POST"
                    if request.method == "GET" else f"{request.method} is not served at the MCP endpoint")
         return _http_error(405, message, headers=[("Allow", "POST, DELETE")])
