@@ -41,7 +41,7 @@ import urllib.parse
 
 from . import __version__
 from .api import Response, StreamResponse, json_bytes
-from .embeddings import Deadline, EmbeddingError, RerankError, time_limit
+from .embeddings import Deadline, EmbeddingError, RerankError
 from .metrics import MCP_TOOLS
 from .npy import StoreError
 
@@ -842,27 +842,9 @@ class McpServer:
         return structured, "\n\n".join(blocks)
 
     def _ranked(self, kbs, query, top_k, mode, deadline):
-        names = [kb.spec.name for kb in kbs]
-        if mode is None or all(kb.spec.retrieval == mode for kb in kbs):
-            # The proxy's own search: the same ranking, thresholds and merge.
-            return self.app.retriever.search(names, query, None, top_k, deadline=deadline)
-        # Another mode than a knowledge base's own, which Retriever.search does not take: each
-        # knowledge base searched that way, merged as it merges without a route (in order, once each).
-        rag = self.app.config.rag
-        hits, seen = [], set()
-        with time_limit(deadline):
-            for kb in kbs:
-                if deadline.remaining() <= 0 and hits:
-                    break
-                for hit in kb.search(query, top_k, mode=mode, min_lexical=rag["lexical_min_score"],
-                                     min_dense=rag["score_threshold"] or None):
-                    digest = hit.chunk.get("hash") or hit.id
-                    if digest not in seen:
-                        seen.add(digest)
-                        hits.append(hit)
-                if len(hits) >= top_k:
-                    break
-        return hits[:top_k]
+        """The proxy's own search: the same ranking, thresholds and merge (no route: no rerank)."""
+        return self.app.retriever.search([kb.spec.name for kb in kbs], query, None, top_k, deadline=deadline,
+                                         mode=mode)
 
     def _tool_read_source(self, args, session, call):
         kb = self._readable_kb(args["kb"], self._readable(session))

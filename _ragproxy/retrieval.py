@@ -318,7 +318,7 @@ class Retriever:
             self.stale.put(stale_key, found)
         return found
 
-    def search(self, names, query, route=None, top_k=None, stages=None, deadline=None):
+    def search(self, names, query, route=None, top_k=None, stages=None, deadline=None, mode=None):
         """Search ``names`` and merge the lists per the route's ``kb_merge``.
 
         ``stages``, if given, collects seconds spent per stage (lexical, embed,
@@ -326,12 +326,13 @@ class Retriever:
         bounds the whole: embedding and rerank calls get no more than what is
         left of it, and no knowledge base is searched once it has passed
         (_OutOfTime).  A rerank that runs out of time keeps the fused order,
-        as a rerank that fails does.
+        as a rerank that fails does.  ``mode`` (lexical, dense, hybrid) searches
+        every knowledge base that way instead of in its own retrieval mode.
         """
         with time_limit(deadline):
-            return self._search(names, query, route, top_k, stages, deadline)
+            return self._search(names, query, route, top_k, stages, deadline, mode)
 
-    def _search(self, names, query, route, top_k, stages, deadline):
+    def _search(self, names, query, route, top_k, stages, deadline, mode):
         rag = self.app.config.rag
         top_k = top_k or rag["top_k"]
         rerank = bool(route and route.rerank) and self._reranker() is not None
@@ -343,7 +344,7 @@ class Retriever:
                 raise _OutOfTime(f"the retrieval time limit ({deadline.seconds * 1000:g} ms) ran out "
                                  f"before knowledge base {name!r} was searched")
             kb = self.kbs.get(name)
-            hits = kb.search(query, pool, min_lexical=rag["lexical_min_score"],
+            hits = kb.search(query, pool, mode=mode, min_lexical=rag["lexical_min_score"],
                              min_dense=rag["score_threshold"] or None, timings=stages)
             if merge == "priority":
                 lists.append(hits)
