@@ -62,6 +62,8 @@ SEARCH_TEXT_BUDGET = 24_000       # characters of passage text in one search ans
 READ_LINE_LIMIT = 400             # lines, and characters, of one read_source answer
 READ_CHAR_LIMIT = 32_000
 
+#: The requests this server answers (initialize opens the session the others need).
+_SESSION_METHODS = frozenset(("initialize", "ping", "tools/list", "tools/call"))
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = \
     -32700, -32600, -32601, -32602, -32603
 _UNAUTHORIZED = -32001  # the implementation-defined range: no standard code says "no key"
@@ -434,6 +436,14 @@ class McpServer:
             return _http_error(400, "parse error: the body is not UTF-8 JSON", PARSE_ERROR)
         if isinstance(payload, dict) and payload.get("method") == "initialize" and "id" in payload:
             return self._initialize_http(payload, key, wants_json)
+        if isinstance(payload, dict) and _valid_id(payload.get("id")) and "mcp-session-id" not in request.headers \
+                and isinstance(payload.get("method"), str) and payload["method"] not in _SESSION_METHODS:
+            # A method of a revision this server does not speak, asked before any session (Claude
+            # Code probes for 2026-07-28's server/discover so): the JSON-RPC answer a client falls
+            # back on, not a complaint about a session it had no reason to open.
+            return _reply(200, _error(payload["id"], METHOD_NOT_FOUND, f"method not found: {_shown(payload['method'])} "
+                                      "(this server speaks MCP up to 2025-11-25: start with initialize)"),
+                          not wants_json)
         session, refused = self._http_session(request, key)
         if refused is not None:
             return refused

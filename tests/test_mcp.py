@@ -286,6 +286,16 @@ def test_sessions_are_required_bound_to_their_key_and_end_with_delete(served):
     assert post(served, ping, initialize(served), path="/mcp/")[0] == 200
 
 
+def test_a_later_revisions_probe_before_any_session_is_method_not_found(served):
+    # Claude Code asks for 2026-07-28's server/discover first and falls back to initialize.
+    probe = {"jsonrpc": "2.0", "id": 7, "method": "server/discover", "params": {"protocolVersion": "2026-07-28"}}
+    status, _, body = post(served, probe)
+    assert status == 200 and body["id"] == 7 and body["error"]["code"] == -32601
+    assert "initialize" in body["error"]["message"]
+    assert post(served, {"jsonrpc": "2.0", "id": 8, "method": "ping"})[0] == 400  # a method of ours needs a session
+    assert post(served, dict(probe, id=None))[0] == 400  # and a probe is still a request, with an id
+
+
 def test_the_protocol_version_header_must_be_the_sessions(served):
     session = initialize(served, "2025-06-18")
     ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
