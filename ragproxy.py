@@ -50,6 +50,7 @@ _EXPORTS = {
     "kb": ("KBSpec", "KnowledgeBase", "KnowledgeBases", "Hit", "IndexReport"),
     "api": ("Endpoint", "ENDPOINTS", "Request", "Response", "StreamResponse", "ClientError"),
     "retrieval": ("Retriever", "RetrievalFailed", "Retrieved", "split_model_kbs"),
+    "mcp": ("McpServer",),
     "proxy": ("App", "Exchange"),
     "uploads": ("Uploads", "UploadError", "UploadLimits", "UploadedPart", "ALLOWED_UPLOAD_EXTS",
                 "ARCHIVE_EXTS", "parse_multipart", "safe_relative_path", "expand_archive",
