@@ -546,3 +546,62 @@ def test_an_undeclared_kb_is_declared_from_the_list_and_rerank_off_is_shown(copi
     expect(dialog.get_by_test_id("rerank-off")).to_contain_text("no rerank provider configured")
     panel.shot("model-rerank-off")
     dialog.get_by_test_id("dialog-cancel").click()
+
+
+@pytest.fixture
+def mcp_panel(browser, make_admin_proxy, fake):
+    text = proxy_config(fake.url, extra="knowledge_bases:\n  notes: {retrieval: lexical}\n")
+    yield from _panel_on(browser, make_admin_proxy(text))
+
+
+def _mcp_call(proxy, message, session=None):
+    import json
+    import urllib.request
+    headers = {"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+    if session:
+        headers["Mcp-Session-Id"] = session
+    req = urllib.request.Request(proxy.url + "/mcp", data=json.dumps(message).encode(), headers=headers)
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        body = resp.read()
+        return resp.headers.get("Mcp-Session-Id"), json.loads(body) if body else None
+
+
+def test_mcp_tool_calls_are_listed_in_the_request_log(mcp_panel):
+    page, proxy = mcp_panel.page, mcp_panel.proxy
+    notes = proxy.data_dir / "documents" / "notes"
+    notes.mkdir(parents=True, exist_ok=True)
+    (notes / "rotation.md").write_bytes(GUIDE_MD)
+    proxy.app.knowledge_bases.index_all()
+    session, _ = _mcp_call(proxy, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "panel-test", "version": "1"}}})
+    _mcp_call(proxy, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session)
+    _, answer = _mcp_call(proxy, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "search", "arguments": {"query": "zanzibarquux rotation schedule"}}}, session)
+    assert not answer["result"]["isError"] and "zanzibarquux" in answer["result"]["content"][0]["text"]
+    _, refused = _mcp_call(proxy, {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "read_source", "arguments": {"kb": "notes", "source": "no/such/file.md"}}}, session)
+    assert refused["result"]["isError"]
+
+    mcp_panel.login()
+    mcp_panel.nav("logs", "logs-filters")
+
+    def logged():
+        mcp_panel.tid("logs-refresh").click()
+        expect(mcp_panel.tid("log-row")).to_have_count(2, timeout=1000)
+    eventually(logged)
+    mcp_panel.tid("logs-outcome").select_option("ok")
+    row = mcp_panel.tid("log-row")
+    expect(row).to_have_count(1)
+    expect(row.get_by_test_id("log-model")).to_have_text("search")
+    expect(row.get_by_test_id("log-outcome")).to_have_text("ok")
+    expect(row).to_contain_text("notes")
+    mcp_panel.tid("logs-outcome").select_option("error")
+    expect(mcp_panel.tid("log-row").get_by_test_id("log-model")).to_have_text("read_source")
+    mcp_panel.tid("logs-outcome").select_option("ok")
+    mcp_panel.tid("log-row").first.get_by_test_id("log-link").click()
+    detail = mcp_panel.tid("log-detail")
+    expect(detail.locator("[data-field=endpoint]")).to_contain_text("mcp_tool")
+    expect(page.locator("#ic-h")).to_have_text("Returned passages (1)")  # a tool call injects nothing
+    expect(mcp_panel.tid("log-chunk").first).to_contain_text("zanzibarquux")
+    mcp_panel.shot("log-mcp-tool", full_page=True)
