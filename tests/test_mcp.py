@@ -1,4 +1,4 @@
-"""The MCP server (_ragproxy.mcp) the way MCP clients drive it.
+"""The MCP server (_ragproxy.mcp, its tools _ragproxy.mcptools) the way MCP clients drive it.
 
 - The official MCP Python SDK (``mcp`` on PyPI) over Streamable HTTP at
   /mcp of a running proxy, and over stdio (``ragproxy.py mcp --stdio`` as a
@@ -28,6 +28,7 @@ import pytest
 
 import ragproxy
 from _ragproxy import mcp as mcp_module
+from _ragproxy import mcptools
 from _ragproxy.api import Request
 from _ragproxy.mcp import MAX_MESSAGE_BYTES, PROTOCOL_VERSIONS, McpServer
 from _ragproxy.metrics import MCP_OUTCOMES, MCP_TOOLS
@@ -403,8 +404,8 @@ def test_search_stays_within_its_size_budget(served, monkeypatch):
     session = initialize(served)
     body = call(served, session, "search", {"query": "gizmo sprocket tolerance", "top_k": 50})
     result = body["result"]["structuredContent"]
-    assert sum(len(r["text"]) for r in result["results"]) <= mcp_module.SEARCH_TEXT_BUDGET
-    assert len(tool_text(body)) < mcp_module.SEARCH_TEXT_BUDGET + 4000
+    assert sum(len(r["text"]) for r in result["results"]) <= mcptools.SEARCH_TEXT_BUDGET
+    assert len(tool_text(body)) < mcptools.SEARCH_TEXT_BUDGET + 4000
 
 
 def test_read_source_pages_through_a_document_without_losing_or_repeating_lines(served):
@@ -416,8 +417,8 @@ def test_read_source_pages_through_a_document_without_losing_or_repeating_lines(
         assert not body["result"]["isError"]
         lines = [line for line in page["text"].split("\n") if line.startswith("Entry ")]
         assert len(lines) == len(set(lines))  # an overlap between chunks is given once
-        assert page["line_end"] - page["line_start"] < mcp_module.READ_LINE_LIMIT
-        assert len(page["text"]) <= mcp_module.READ_CHAR_LIMIT
+        assert page["line_end"] - page["line_start"] < mcptools.READ_LINE_LIMIT
+        assert len(page["text"]) <= mcptools.READ_CHAR_LIMIT
         seen += lines
         start = page["next_start_line"]
         pages += 1
