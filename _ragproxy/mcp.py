@@ -9,9 +9,17 @@ api.Request in, an api.Response or StreamResponse out), ``serve_stdio``
 the newline-delimited stdio transport, and both come down to
 ``handle_payload(payload, session)``.
 
-The protocol is the handshake revisions (initialize, then requests in a
-session): PROTOCOL_VERSIONS, the newest first.  A client asking for another
-revision is answered with the newest.  JSON-RPC batches are taken in the
+Two eras of the protocol are served side by side.  The handshake revisions
+(initialize, then requests in a session): PROTOCOL_VERSIONS, the newest
+first; a client asking for another revision is answered with the newest.
+And the stateless one, 2026-07-28 (MODERN_VERSIONS): no initialize and no
+session, every request names its revision and the client's capabilities in
+``params._meta`` (checked per request, and on HTTP against the
+MCP-Protocol-Version, Mcp-Method and Mcp-Name headers), ``server/discover``
+says which revisions are served, and every result has a ``resultType``.  A
+message is taken as stateless when its ``_meta`` names a revision, when it
+is ``server/discover``, or when its MCP-Protocol-Version header is a
+stateless revision.  JSON-RPC batches are taken in the
 revisions that had them (2024-11-05, 2025-03-26) and refused in later ones.
 Sessions live here, in memory, bound to the API key that opened them, and
 expire when idle; there are at most MAX_SESSIONS.
@@ -23,6 +31,7 @@ May import: api, mcptools.
 """
 from __future__ import annotations
 
+import base64
 import collections
 import hashlib
 import ipaddress
@@ -42,6 +51,14 @@ log = logging.getLogger("ragproxy")
 
 #: The revisions served, newest first: initialize gets the client's if it is here, else the first.
 PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+#: The stateless revisions: per-request _meta instead of initialize and sessions.
+MODERN_VERSIONS = ("2026-07-28",)
+_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+_CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
+_SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+_MODERN_METHODS = frozenset(("server/discover", "tools/list", "tools/call"))  # 2026-07-28 removed ping
+TOOLS_TTL_MS = 60_000  # a config reload may change the knowledge bases the descriptions name
 _BATCH_VERSIONS = frozenset(("2024-11-05", "2025-03-26"))        # 2025-06-18 removed JSON-RPC batches
 
 MAX_MESSAGE_BYTES = 1024 * 1024   # one POST body or stdio line; server.max_body_bytes is far larger
@@ -54,6 +71,7 @@ _SESSION_METHODS = frozenset(("initialize", "ping", "tools/list", "tools/call"))
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = \
     -32700, -32600, -32601, -32602, -32603
 _UNAUTHORIZED = -32001  # the implementation-defined range: no standard code says "no key"
+HEADER_MISMATCH, UNSUPPORTED_VERSION = -32020, -32022  # 2026-07-28's own codes
 
 
 # -- JSON-RPC messages -------------------------------------------------------
@@ -102,6 +120,29 @@ class Session:
         self.initialized = False  # notifications/initialized arrived
         self.client = {}
         self.last_used = now
+        self.modern = False       # a stateless (2026-07-28) request's: version read from each _meta
+
+
+def _stateless(key=None, transport="http", now=0.0):
+    """The throwaway Session one stateless request is served in: nothing of it outlives the request."""
+    session = Session(key=key, now=now, transport=transport)
+    session.modern = True
+    return session
+
+
+def _meta_of(message):
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta if isinstance(meta, dict) else None
+
+
+def is_stateless(message, header_version=None):
+    """Whether ``message`` is of the stateless era (see the module docstring)."""
+    if not isinstance(message, dict) or message.get("method") == "initialize":
+        return False
+    meta = _meta_of(message)
+    return message.get("method") == "server/discover" or (meta is not None and _VERSION_KEY in meta) \
+        or header_version in MODERN_VERSIONS
 
 
 def _owner(key):
@@ -211,13 +252,14 @@ class McpServer:
             return _http_error(400, "parse error: the body is not UTF-8 JSON", PARSE_ERROR)
         if isinstance(payload, dict) and payload.get("method") == "initialize" and "id" in payload:
             return self._initialize_http(payload, key, wants_json)
+        if is_stateless(payload, request.headers.get("mcp-protocol-version")):
+            return self._stateless_http(payload, request.headers, key, wants_json, wants_sse)
         if isinstance(payload, dict) and _valid_id(payload.get("id")) and "mcp-session-id" not in request.headers \
                 and isinstance(payload.get("method"), str) and payload["method"] not in _SESSION_METHODS:
-            # A method of a revision this server does not speak, asked before any session (Claude
-            # Code probes for 2026-07-28's server/discover so): the JSON-RPC answer a client falls
-            # back on, not a complaint about a session it had no reason to open.
+            # A method of no revision here, asked before any session: JSON-RPC's answer, not a
+            # complaint about a session the client had no reason to open.
             return _reply(200, _error(payload["id"], METHOD_NOT_FOUND, f"method not found: {shown(payload['method'])} "
-                                      "(this server speaks MCP up to 2025-11-25: start with initialize)"),
+                                      "(start with initialize, or name 2026-07-28 in params._meta)"),
                           not wants_json)
         session, refused = self._http_session(request, key)
         if refused is not None:
@@ -234,6 +276,29 @@ class McpServer:
         refused = isinstance(replies, dict) and replies.get("error", {}).get("code") in (PARSE_ERROR, INVALID_REQUEST)
         status = 400 if refused else 200
         return _reply(status, replies, not wants_json)
+
+    def _stateless_http(self, payload, headers, key, wants_json, wants_sse):
+        # No session is looked up, made or named (an Mcp-Session-Id sent along is ignored).
+        session = _stateless(key, "http", self.clock())
+        problem = _meta_problem(payload)
+        meta_ok = problem is None
+        # The headers are checked once the _meta is readable, before its revision: a client that
+        # contradicts itself is told so rather than that the body's revision is not served.
+        readable = meta_ok or problem[0] == UNSUPPORTED_VERSION
+        mismatch = _header_mismatch(payload, headers) if readable else None
+        if mismatch is not None:
+            return _reply(400, _error(payload.get("id") if _valid_id(payload.get("id")) else None,
+                                      HEADER_MISMATCH, mismatch), not wants_json)
+        if meta_ok and self._streams_progress(payload, wants_sse):
+            return self._progress_stream(payload, session)
+        reply = self.handle_message(payload, session)
+        if reply is None:
+            return Response(202, [], b"")
+        code = reply.get("error", {}).get("code")
+        # 2026-07-28: a malformed request, or one of a revision not served, is a 400; an unknown method a 404.
+        status = 200 if code is None else 404 if code == METHOD_NOT_FOUND else 400 if (
+            not meta_ok or code in (PARSE_ERROR, INVALID_REQUEST)) else 200
+        return _reply(status, reply, not wants_json)
 
     def _initialize_http(self, payload, key, wants_json):
         session = Session(self._new_session_id(), key, self.clock())
@@ -386,6 +451,8 @@ class McpServer:
         return self._request(mid, method, params, session, streamed)
 
     def _request(self, mid, method, params, session, streamed):
+        if session.modern:
+            return self._stateless_request(mid, method, params, session, streamed)
         if method == "initialize":
             return self._initialize(mid, params, session)
         if method == "ping":
@@ -416,6 +483,32 @@ class McpServer:
         return _result(mid, {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
                              "serverInfo": server_info, "instructions": self.tools.instructions})
 
+    def _stateless_request(self, mid, method, params, session, streamed):
+        problem = _meta_problem({"params": params})
+        if problem is not None:
+            code, message, data = problem
+            return _error(mid, code, message, data)
+        session.version = params["_meta"][_VERSION_KEY]
+        info = params["_meta"].get(_CLIENT_INFO_KEY)
+        if isinstance(info, dict):
+            session.client = {k: info[k][:200] for k in ("name", "version") if isinstance(info.get(k), str)}
+        if method == "server/discover":
+            reply = _result(mid, {"supportedVersions": list(MODERN_VERSIONS + PROTOCOL_VERSIONS),
+                                  "capabilities": {"tools": {}}, "instructions": self.tools.instructions,
+                                  "ttlMs": TOOLS_TTL_MS, "cacheScope": "private"})
+        elif method == "tools/list":
+            reply = _result(mid, {"tools": self.tools.tool_list(session.version), "ttlMs": TOOLS_TTL_MS,
+                                  "cacheScope": "private"})  # private: behind an API key
+        elif method == "tools/call":
+            reply = self._call(mid, params, session, streamed)
+        else:
+            return _error(mid, METHOD_NOT_FOUND, f"method not found: {shown(method)} (MCP {session.version} here "
+                                                 f"has {', '.join(sorted(_MODERN_METHODS))})")
+        if "result" in reply:
+            reply["result"]["resultType"] = "complete"
+            reply["result"]["_meta"] = {_SERVER_INFO_KEY: {"name": "ragproxy", "version": __version__}}
+        return reply
+
     def _call(self, mid, params, session, streamed):
         name = params.get("name")
         if not isinstance(name, str):
@@ -435,6 +528,60 @@ class McpServer:
         if session.version in STRUCTURED_VERSIONS:
             result["structuredContent"] = structured
         return _result(mid, result)
+
+
+def _meta_problem(message):
+    """None if ``message``'s _meta is a stateless request's, else ``(code, message, data)``.
+
+    2026-07-28: a missing or malformed _meta is invalid params, a revision not
+    served UnsupportedProtocolVersion with the ones that are (both a 400 on HTTP).
+    """
+    meta = _meta_of(message)
+    if meta is None:
+        return INVALID_PARAMS, (f"params._meta must be an object with {_VERSION_KEY!r} and {_CAPABILITIES_KEY!r} "
+                                "(MCP 2026-07-28), or start a session with initialize"), None
+    missing = [k for k in (_VERSION_KEY, _CAPABILITIES_KEY) if k not in meta]
+    if missing:
+        return INVALID_PARAMS, f"params._meta lacks {', '.join(map(repr, missing))}", None
+    version = meta[_VERSION_KEY]
+    if not isinstance(version, str):
+        return INVALID_PARAMS, f"params._meta[{_VERSION_KEY!r}] must be a string", None
+    if not isinstance(meta[_CAPABILITIES_KEY], dict):
+        return INVALID_PARAMS, f"params._meta[{_CAPABILITIES_KEY!r}] must be an object", None
+    if version not in MODERN_VERSIONS:
+        hint = " (that revision starts with initialize)" if version in PROTOCOL_VERSIONS else ""
+        return UNSUPPORTED_VERSION, f"Unsupported protocol version: {shown(version, 40)}{hint}", {
+            "supported": list(MODERN_VERSIONS + PROTOCOL_VERSIONS), "requested": version}
+    return None
+
+
+def _header_mismatch(message, headers):
+    """What the MCP-Protocol-Version, Mcp-Method and Mcp-Name headers contradict in the body, or None."""
+    version = message["params"]["_meta"][_VERSION_KEY]
+    method = message.get("method")
+    if headers.get("mcp-protocol-version") != version:
+        return (f"Header mismatch: MCP-Protocol-Version {shown(headers.get('mcp-protocol-version'), 40)} "
+                f"is not the request's {_VERSION_KEY} {shown(version, 40)}")
+    if "id" not in message:
+        return None  # 2026-07-28 defines no header rules for notifications
+    if headers.get("mcp-method") != method:
+        return f"Header mismatch: Mcp-Method {shown(headers.get('mcp-method'), 60)} is not the body's {shown(method, 60)}"
+    if method == "tools/call":
+        name = message["params"].get("name")
+        sent = _header_value(headers.get("mcp-name"))
+        if sent != name:
+            return f"Header mismatch: Mcp-Name {shown(headers.get('mcp-name'), 60)} is not the body's {shown(name, 60)}"
+    return None
+
+
+def _header_value(value):
+    # Values that are not plain ASCII come as =?base64?...?= (2026-07-28, Streamable HTTP).
+    if isinstance(value, str) and value.startswith("=?base64?") and value.endswith("?="):
+        try:
+            return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return None
+    return value
 
 
 def _progress(token, progress, message):
@@ -487,7 +634,9 @@ def serve_stdio(server, stdin, stdout):
             except (ValueError, UnicodeDecodeError, RecursionError):
                 reply = _error(None, PARSE_ERROR, "parse error: the line is not UTF-8 JSON")
             else:
-                if isinstance(payload, list) and session.version is not None \
+                if is_stateless(payload):
+                    reply = server.handle_message(payload, _stateless(transport="stdio", now=server.clock()))
+                elif isinstance(payload, list) and session.version is not None \
                         and session.version not in _BATCH_VERSIONS:
                     reply = _error(None, INVALID_REQUEST, f"JSON-RPC batches are not part of MCP {session.version}")
                 else:

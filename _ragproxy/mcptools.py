@@ -32,7 +32,7 @@ from .npy import StoreError
 log = logging.getLogger("ragproxy")
 
 #: The revisions whose tools have a title and an outputSchema, and whose results structuredContent.
-STRUCTURED_VERSIONS = frozenset(("2025-06-18", "2025-11-25"))
+STRUCTURED_VERSIONS = frozenset(("2025-06-18", "2025-11-25", "2026-07-28"))
 
 MAX_TOP_K = 50
 SEARCH_TEXT_BUDGET = 24_000       # characters of passage text in one search answer

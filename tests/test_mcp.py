@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -287,14 +288,142 @@ def test_sessions_are_required_bound_to_their_key_and_end_with_delete(served):
     assert post(served, ping, initialize(served), path="/mcp/")[0] == 200
 
 
-def test_a_later_revisions_probe_before_any_session_is_method_not_found(served):
-    # Claude Code asks for 2026-07-28's server/discover first and falls back to initialize.
-    probe = {"jsonrpc": "2.0", "id": 7, "method": "server/discover", "params": {"protocolVersion": "2026-07-28"}}
-    status, _, body = post(served, probe)
-    assert status == 200 and body["id"] == 7 and body["error"]["code"] == -32601
-    assert "initialize" in body["error"]["message"]
-    assert post(served, {"jsonrpc": "2.0", "id": 8, "method": "ping"})[0] == 400  # a method of ours needs a session
-    assert post(served, dict(probe, id=None))[0] == 400  # and a probe is still a request, with an id
+MODERN = "2026-07-28"
+#: What Claude Code 2.1.332 put in every request's _meta (its server/discover probe's included).
+CLAUDE_CODE_META = {"io.modelcontextprotocol/protocolVersion": MODERN,
+                    "io.modelcontextprotocol/clientInfo": {"name": "claude-code", "version": "2.1.332"},
+                    "io.modelcontextprotocol/clientCapabilities": {"roots": {"listChanged": True}}}
+
+
+def stateless(proxy, method, params=None, mid=1, meta=CLAUDE_CODE_META, headers=None, key=API_KEY):
+    """One 2026-07-28 request, headers mirrored from the body as the spec asks: (status, resp, body)."""
+    params = dict(params or {})
+    if meta is not None:
+        params["_meta"] = meta
+    hdrs = {"MCP-Protocol-Version": MODERN, "Mcp-Method": method}
+    if "name" in params:
+        hdrs["Mcp-Name"] = params["name"]
+    hdrs.update(headers or {})
+    return post(proxy, {"jsonrpc": "2.0", "id": mid, "method": method, "params": params}, key=key,
+                headers={k: v for k, v in hdrs.items() if v is not None})
+
+
+def test_server_discover_says_what_is_served_and_opens_no_session(served):
+    status, resp, body = stateless(served, "server/discover", mid="server-discover-probe-1")
+    assert status == 200 and body["id"] == "server-discover-probe-1"
+    result = body["result"]
+    assert result["resultType"] == "complete"
+    assert result["supportedVersions"] == [MODERN, *PROTOCOL_VERSIONS]
+    assert result["capabilities"] == {"tools": {}}
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "ragproxy"
+    assert "search" in result["instructions"] and result["cacheScope"] in ("public", "private")
+    assert isinstance(result["ttlMs"], int)
+    assert resp.getheader("Mcp-Session-Id") is None and served.app.mcp_server().session_count() == 0
+    # The same API key as the proxy's, before anything else.
+    assert stateless(served, "server/discover", key=None)[0] == 401
+    assert stateless(served, "server/discover", key="rp-wrong")[0] == 401
+
+
+def test_stateless_tools_list_and_call_answer_in_2026_07_28s_shapes(served):
+    status, resp, body = stateless(served, "tools/list", headers={"Mcp-Session-Id": "no-such-session"})
+    assert status == 200 and resp.getheader("Mcp-Session-Id") is None  # a session id sent along is ignored
+    result = body["result"]
+    assert result["resultType"] == "complete" and result["cacheScope"] == "private" and result["ttlMs"] > 0
+    assert [t["name"] for t in result["tools"]] == list(MCP_TOOLS)
+    assert all("outputSchema" in t for t in result["tools"])
+    status, _, body = stateless(served, "tools/call", {"name": "search", "arguments": {"query": "frobnicator",
+                                                                                          "kb": "docs"}}, mid=2)
+    result = body["result"]
+    assert status == 200 and result["resultType"] == "complete" and not result["isError"]
+    assert FACT in result["structuredContent"]["results"][0]["text"] and FACT in result["content"][0]["text"]
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "ragproxy"
+    status, _, body = stateless(served, "tools/call", {"name": "read_source", "arguments": {"kb": "docs"}}, mid=3)
+    assert status == 200 and body["result"]["isError"] and body["result"]["resultType"] == "complete"
+    status, _, body = stateless(served, "tools/call", {"name": "read_source", "arguments": {
+        "kb": "elsewhere", "source": "x"}}, mid=4)
+    assert body["result"]["isError"]
+    assert served.app.mcp_server().session_count() == 0
+    rows = sorted(logged_rows(served.app, 3), key=lambda r: r["id"])  # logged and counted as any tool call
+    assert [(r["endpoint"], r["model"], r["outcome"], r["client"]) for r in rows] == [
+        ("mcp_tool", "search", "ok", "alice"), ("mcp_tool", "read_source", "error", "alice"),
+        ("mcp_tool", "read_source", "error", "alice")]
+    _, _, text = request(served, "GET", "/metrics")
+    from prometheus_client import parser
+    counted = {tuple(sorted(s.labels.items())): s.value for family in parser.text_string_to_metric_families(
+        text.decode()) for s in family.samples if s.name == "ragproxy_mcp_tool_calls_total"}
+    assert counted == {(("outcome", "ok"), ("tool", "search")): 1, (("outcome", "error"), ("tool", "read_source")): 2}
+    # A progress token streams progress then the result, as in a session.
+    status, resp, raw = stateless(served, "tools/call", {"name": "search", "arguments": {"query": "frobnicator"},
+                                                          }, mid=5, meta=dict(CLAUDE_CODE_META, progressToken="p"))
+    events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and [e.get("method") for e in events] == ["notifications/progress"] * 2 + [None]
+    assert events[-1]["id"] == 5 and events[-1]["result"]["resultType"] == "complete"
+
+
+@pytest.mark.parametrize("meta, code, says", [
+    (None, -32602, "params._meta must be an object"),
+    ("2026-07-28", -32602, "params._meta must be an object"),
+    ({"io.modelcontextprotocol/protocolVersion": MODERN}, -32602, "clientCapabilities"),
+    ({"io.modelcontextprotocol/clientCapabilities": {}, "io.modelcontextprotocol/protocolVersion": 20260728},
+     -32602, "must be a string"),
+    ({"io.modelcontextprotocol/clientCapabilities": [], "io.modelcontextprotocol/protocolVersion": MODERN},
+     -32602, "must be an object"),
+])
+def test_a_stateless_request_without_its_meta_is_invalid_params(served, meta, code, says):
+    status, _, body = stateless(served, "tools/list", mid=9, meta=meta)
+    assert status == 400 and body["id"] == 9 and body["error"]["code"] == code and says in body["error"]["message"]
+
+
+def test_an_unsupported_revision_in_meta_is_named_with_the_supported_ones(served):
+    for requested in ("1900-01-01", "2025-11-25"):  # a handshake revision is served, but through initialize
+        meta = dict(CLAUDE_CODE_META, **{"io.modelcontextprotocol/protocolVersion": requested})
+        status, _, body = stateless(served, "tools/list", meta=meta, headers={"MCP-Protocol-Version": requested})
+        assert status == 400 and body["error"]["code"] == -32022, body
+        assert body["error"]["data"] == {"supported": [MODERN, *PROTOCOL_VERSIONS], "requested": requested}
+    # A header that contradicts the body is a mismatch first, whatever the body's revision.
+    meta = dict(CLAUDE_CODE_META, **{"io.modelcontextprotocol/protocolVersion": "1900-01-01"})
+    assert stateless(served, "tools/list", meta=meta)[2]["error"]["code"] == -32020
+
+
+@pytest.mark.parametrize("headers, names", [
+    ({"MCP-Protocol-Version": None}, "MCP-Protocol-Version"),
+    ({"MCP-Protocol-Version": "2025-11-25"}, "MCP-Protocol-Version"),
+    ({"Mcp-Method": None}, "Mcp-Method"),
+    ({"Mcp-Method": "tools/list"}, "Mcp-Method"),
+    ({"Mcp-Name": None}, "Mcp-Name"),
+    ({"Mcp-Name": "read_source"}, "Mcp-Name"),
+    ({"Mcp-Name": "=?base64?cmVhZF9zb3VyY2U=?="}, "Mcp-Name"),
+    ({"Mcp-Name": "=?base64?not base64?="}, "Mcp-Name"),
+])
+def test_headers_that_contradict_the_body_are_a_header_mismatch(served, headers, names):
+    status, _, body = stateless(served, "tools/call", {"name": "search", "arguments": {"query": "x"}}, mid=4,
+                                headers=headers)
+    assert status == 400 and body["id"] == 4 and body["error"]["code"] == -32020
+    assert names in body["error"]["message"]
+    assert logged_rows(served.app, 0) == []  # refused before any tool ran
+
+
+def test_stateless_edges_removed_methods_and_legacy_requests_without_a_session(served):
+    encoded = stateless(served, "tools/call", {"name": "search", "arguments": {"query": "frobnicator"}},
+                        headers={"Mcp-Name": "=?base64?c2VhcmNo?="})  # the spec's sentinel form of "search"
+    assert encoded[0] == 200 and not encoded[2]["result"]["isError"]
+    status, _, body = stateless(served, "ping", mid=6)  # 2026-07-28 removed ping
+    assert status == 404 and body["id"] == 6 and body["error"]["code"] == -32601
+    status, _, body = stateless(served, "resources/list", mid=7)
+    assert status == 404 and body["error"]["code"] == -32601
+    status, _, body = stateless(served, "tools/call", {"name": "nope"}, mid=8)
+    assert status == 200 and body["error"]["code"] == -32602 and "unknown tool" in body["error"]["message"]
+    notification = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"_meta": CLAUDE_CODE_META}}
+    assert post(served, notification, headers={"MCP-Protocol-Version": MODERN})[0] == 202
+    # A handshake-era request without a session is still refused as before.
+    assert post(served, {"jsonrpc": "2.0", "id": 8, "method": "ping"})[0] == 400
+    assert post(served, {"jsonrpc": "2.0", "id": 9, "method": "tools/list"})[0] == 400
+    # And a session keeps working beside stateless requests.
+    session = initialize(served)
+    assert not call(served, session, "search", {"query": "frobnicator"})["result"]["isError"]
+    assert "resultType" not in call(served, session, "list_knowledge_bases", {})["result"]
+    assert served.app.mcp_server().session_count() == 1
+    assert stateless(served, "tools/list", headers={"Origin": "http://evil.example"})[0] == 403
 
 
 def test_the_protocol_version_header_must_be_the_sessions(served):
@@ -710,20 +839,48 @@ def test_the_sdk_over_streamable_http(served):
     assert served.app.mcp_server().session_count() == 0  # the SDK ended its session with DELETE
 
 
+async def exercise_stateless(client):
+    """tools/list and a call of each tool through an SDK 2.x Client; what they returned."""
+    tools = await client.list_tools()
+    found = await client.call_tool("search", {"query": "frobnicator spin rate", "top_k": 2})
+    listed = await client.call_tool("list_knowledge_bases", {})
+    read = await client.call_tool("read_source", {"kb": "docs", "source": "docs/guide.md"})
+    wrong = await client.call_tool("read_source", {"kb": "docs"})
+    return client.protocol_version, client.server_info, tools, found, listed, read, wrong
+
+
+def check_stateless(version, server_info, tools, found, listed, read, wrong):
+    # server_info is discover's (None when the version was pinned); every result names the server too.
+    assert version == "2026-07-28" and (server_info is None or server_info.name == "ragproxy")
+    assert all(r.meta["io.modelcontextprotocol/serverInfo"]["name"] == "ragproxy" for r in (tools, found, read))
+    check_tools(SimpleNamespace(protocol_version=PROTOCOL_VERSIONS[0], server_info=SimpleNamespace(name="ragproxy")),
+                tools, found, listed, read, wrong)
+
+
+def sdk_client():
+    try:
+        from mcp import Client
+    except ImportError:
+        pytest.skip("this SDK has no Client (1.x), nor 2026-07-28")
+    return Client
+
+
 @needs_sdk
-def test_the_sdks_default_client_falls_back_from_its_discovery_probe(served):
-    from mcp import Client
+@pytest.mark.parametrize("mode", ["auto", "2026-07-28"])
+def test_the_sdks_client_speaks_2026_07_28_over_streamable_http(served, mode):
+    Client = sdk_client()  # "auto", its default, probes with server/discover; a version pins it
 
     async def main():
-        async with Client(sdk_http(served.url + "/mcp")) as client:
-            return await client.call_tool("search", {"query": "frobnicator"})
+        async with Client(sdk_http(served.url + "/mcp"), mode=mode) as client:
+            return await exercise_stateless(client)
 
-    try:
-        from mcp import Client  # noqa: F811 - SDK 2.x only
-    except ImportError:
-        pytest.skip("this SDK has no Client (1.x)")
-    result = asyncio.run(main())
-    assert FACT in result.structured_content["results"][0]["text"]
+    out = asyncio.run(main())
+    check_stateless(*out)
+    assert (out[1] is not None) == (mode == "auto")  # the probe was answered with a DiscoverResult
+    assert served.app.mcp_server().session_count() == 0  # stateless: no session was opened
+    rows = logged_rows(served.app, 4)
+    assert {(r["model"], r["client"]) for r in rows} == {
+        ("search", "alice"), ("list_knowledge_bases", "alice"), ("read_source", "alice")}
 
 
 def write_config(data_dir, fake_url, extra_kb=""):
@@ -773,6 +930,29 @@ def test_the_sdk_over_stdio(fake, tmp_path):
         ("read_source", "error", "stdio"), ("search", "error", "stdio")]
 
 
+@needs_sdk
+def test_the_sdks_client_speaks_2026_07_28_over_stdio(fake, tmp_path):
+    Client = sdk_client()
+    from mcp.client.stdio import StdioServerParameters
+
+    data_dir = str(tmp_path / "data")
+    fill_data_dir(data_dir)
+    kbs = ragproxy.KnowledgeBases(ragproxy.Config.load(write_config(data_dir, fake.url)), data_dir)
+    for name in ("docs", "code"):
+        kbs.get(name).index()
+    params = StdioServerParameters(command=sys.executable, args=[
+        os.path.join(ROOT, "ragproxy.py"), "mcp", "--stdio", "--data-dir", data_dir], env={"RAGPROXY_PURE": "1"}
+        if os.environ.get("RAGPROXY_PURE") else None)
+
+    async def main():
+        async with Client(params) as client:  # the default: a server/discover probe first
+            return await exercise_stateless(client)
+
+    out = asyncio.run(main())
+    check_stateless(*out)
+    assert out[1].name == "ragproxy"  # from discover's answer: the probe did not fall back to initialize
+
+
 # -- stdio on the wire ---------------------------------------------------------------------------
 
 def run_stdio(data_dir, lines, timeout=60):
@@ -803,6 +983,33 @@ def test_stdio_writes_only_jsonrpc_to_stdout_even_on_a_first_start(tmp_path):
     assert replies[-1] == {"jsonrpc": "2.0", "id": 4, "result": {}}
 
 
+def test_stdio_serves_stateless_requests_beside_its_session(tmp_path):
+    data_dir = str(tmp_path / "fresh")
+    meta = CLAUDE_CODE_META
+    old = dict(meta, **{"io.modelcontextprotocol/protocolVersion": "2024-11-05"})
+    lines = [{"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}},
+             {"jsonrpc": "2.0", "id": 3, "method": "server/discover"},
+             {"jsonrpc": "2.0", "id": 4, "method": "tools/list", "params": {"_meta": old}},
+             {"jsonrpc": "2.0", "id": 5, "method": "ping", "params": {"_meta": meta}},
+             {"jsonrpc": "2.0", "id": 6, "method": "tools/list"},  # handshake-era: needs initialize
+             {"jsonrpc": "2.0", "id": 7, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}},
+             {"jsonrpc": "2.0", "id": 8, "method": "tools/list"},
+             {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+                 "name": "list_knowledge_bases", "arguments": {}, "_meta": meta}}]
+    out, _ = run_stdio(data_dir, [json.dumps(m).encode() for m in lines])
+    replies = {r["id"]: r for r in map(json.loads, out)}
+    assert replies[1]["result"]["supportedVersions"][0] == MODERN
+    assert replies[2]["result"]["resultType"] == "complete" and len(replies[2]["result"]["tools"]) == 3
+    assert replies[3]["error"]["code"] == -32602
+    assert replies[4]["error"]["code"] == -32022 and replies[4]["error"]["data"]["requested"] == "2024-11-05"
+    assert replies[5]["error"]["code"] == -32601
+    assert replies[6]["error"]["code"] == -32600 and "initialize" in replies[6]["error"]["message"]
+    assert replies[7]["result"]["protocolVersion"] == "2025-06-18"
+    assert "resultType" not in replies[8]["result"]
+    assert replies[9]["result"]["resultType"] == "complete" and not replies[9]["result"]["isError"]
+
+
 def test_mcp_without_stdio_says_how_to_run_it(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "ragproxy.py"), "mcp", "--data-dir",
                            str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
@@ -822,6 +1029,10 @@ _SEEDS = [
     {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "list_knowledge_bases", "arguments": {}}},
     {"jsonrpc": "2.0", "method": "notifications/initialized"},
     {"jsonrpc": "2.0", "id": 6, "method": "initialize", "params": {"protocolVersion": "2025-03-26"}},
+    {"jsonrpc": "2.0", "id": 7, "method": "server/discover", "params": {"_meta": CLAUDE_CODE_META}},
+    {"jsonrpc": "2.0", "id": 8, "method": "tools/list", "params": {"_meta": CLAUDE_CODE_META}},
+    {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "search", "arguments": {
+        "query": "frobnicator", "kb": "docs"}, "_meta": CLAUDE_CODE_META}},
 ]
 _ODD_VALUES = [None, True, False, 0, -1, 2 ** 70, 1.5, float("inf"), "", "\x00", "\ud800", "x" * 5000, [], {},
                [1, [2]], {"a": {"b": None}}, "docs", "code", "search", "../../etc/passwd", "2.0"]
@@ -853,7 +1064,7 @@ def _check_reply(reply, server_session):
     for r in replies:
         assert r["jsonrpc"] == "2.0" and "id" in r and (("result" in r) != ("error" in r)), r
         if "error" in r:
-            assert r["error"]["code"] in (-32700, -32600, -32601, -32602, -32603), r
+            assert r["error"]["code"] in (-32700, -32600, -32601, -32602, -32603, -32020, -32022), r
             assert r["error"]["code"] != -32603, r  # no input is an internal error
         json.dumps(r)
 
@@ -874,14 +1085,21 @@ def test_fuzzed_messages_always_get_a_jsonrpc_answer_never_an_exception(served):
         if rng.random() < 0.1:
             message = [message, _mutate(rng, rng.choice(_SEEDS))]
         session = sessions[rng.choice(PROTOCOL_VERSIONS)]
+        if mcp_module.is_stateless(message):
+            session = mcp_module.Session(transport="stdio")  # as serve_stdio does: a fresh one per request
+            session.modern = True
         _check_reply(server.handle_payload(message, session), session)
-        if rng.random() < 0.05:  # and through the HTTP side, as bytes
+        if rng.random() < 0.1:  # and through the HTTP side, as bytes, the headers mirrored or not
             data = json.dumps(message).encode()
             if rng.random() < 0.5:
                 cut = rng.randrange(len(data) + 1)
                 data = data[:cut] + bytes([rng.randrange(256)]) + data[cut:]
-            response = server.handle(Request("POST", "/mcp", headers={
-                "content-type": "application/json", "mcp-session-id": http_session}, body=data), key)
+            headers = {"content-type": "application/json", "mcp-session-id": http_session}
+            if rng.random() < 0.5:
+                headers.update({"mcp-protocol-version": rng.choice([MODERN, "2025-11-25", "x"]),
+                                "mcp-method": str(message.get("method") if isinstance(message, dict) else ""),
+                                "mcp-name": rng.choice(["search", "=?base64?c2VhcmNo?=", "=?base64?%%?="])})
+            response = server.handle(Request("POST", "/mcp", headers=headers, body=data), key)
             assert response.status in (200, 202, 400, 404), response.status
             if response.body:
                 _check_reply(json.loads(response.body), None)
