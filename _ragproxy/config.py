@@ -271,6 +271,11 @@ _SCHEMA = {
     "security": {
         "log_query": _Field("bool", False),
     },
+    "mcp": {
+        # Browser origins (scheme://host[:port]) let in besides loopback ones: the MCP
+        # endpoint refuses every other Origin (DNS rebinding).  MCP clients send none.
+        "allowed_origins": _Field("str_list", []),
+    },
     "admin": {
         "token_ttl": _Field("number", 43200.0, minimum=60),
         "max_login_failures": _Field("int", 5, minimum=1),

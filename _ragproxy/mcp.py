@@ -171,7 +171,8 @@ class McpServer:
     cryptographic source by default; both injectable for tests).
     ``indexer`` is KnowledgeTools' (whether something in this process
     indexes the knowledge bases).  ``allowed_origins`` are browser origins
-    let in besides loopback ones (``http://host:port``).
+    let in besides loopback ones (``http://host:port``), as are the config's
+    ``mcp.allowed_origins`` (read per request, so a reload applies at once).
     """
 
     def __init__(self, app, clock=time.monotonic, rng=None, indexer=True, allowed_origins=(),
@@ -197,7 +198,9 @@ class McpServer:
                                 "from a loopback address (localhost, 127.0.0.1, [::1]) may")
 
     def _origin_allowed(self, origin):
-        if origin.lower().rstrip("/") in self.allowed_origins:
+        wanted = origin.lower().rstrip("/")
+        if wanted in self.allowed_origins or wanted in (
+                o.lower().rstrip("/") for o in self.app.config.raw["mcp"]["allowed_origins"]):
             return True
         try:
             parts = urllib.parse.urlsplit(origin)

@@ -451,6 +451,16 @@ def test_origins_other_than_loopback_are_refused_before_the_key(served, origin, 
         assert post(served, ping_init, key=None, headers={"Origin": origin})[0] == 403
 
 
+def test_origins_the_config_allows_are_let_in_and_a_reload_applies_at_once(served, fake):
+    from _ragproxy.config import Config
+    ping_init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25"}}
+    origin = "https://Tools.Corp.example:8443"
+    assert post(served, ping_init, headers={"Origin": origin})[0] == 403
+    served.app.reload(Config.from_text(kb_text(fake.url) + 'mcp: {allowed_origins: ["https://tools.corp.example:8443/"]}\n'))
+    assert post(served, ping_init, headers={"Origin": origin})[0] == 200  # scheme, host and port, in any case
+    assert post(served, ping_init, headers={"Origin": "https://tools.corp.example"})[0] == 403  # another port
+
+
 def test_no_key_a_wrong_key_or_a_panel_token_is_401(make_admin_proxy):
     proxy = make_admin_proxy()
     token = AdminClient(proxy.url).login(ADMIN_KEY).token
