@@ -8,7 +8,7 @@ Keys (client api_keys, providers' api_key and credential headers) leave it
 masked, in the views and in config.yaml's text alike; a masked key sent back
 unchanged keeps the stored one (see masking).
 
-May import: api, config, deps, docfolder, embeddings, files, jsonbody, masking, uploads, upstream,
+May import: api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, uploads, upstream,
 yamlish.
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .config import KB_NAME, ConfigError, copy_default, valid_kb_name
 from .docfolder import read_manifest
 from .embeddings import EmbeddingClient, EmbeddingError, RerankClient, RerankError
 from .files import remove_leftover_dirs
+from .http1 import parse_content_length
 from .jsonbody import json_object_of
 from .masking import MaskError, is_secret_header, mask_secret, mask_text, restore, restore_text
 from .uploads import UploadError, UploadLimits, Uploads
@@ -707,10 +708,12 @@ class Admin:
         caps = self.app.config.raw["uploads"]
         limits = UploadLimits(max_file_bytes=caps["max_file_bytes"], max_files=caps["max_files"],
                               max_total_bytes=caps["max_total_bytes"], max_ratio=caps["max_ratio"])
-        length = request.headers.get("content-length", "")
         try:
-            result = self.uploads.ingest(request.stream, request.headers.get("content-type", ""),
-                                         int(length) if length.isascii() and length.isdigit() else None,
+            length = parse_content_length(request.headers.get("content-length", ""))
+        except ValueError:  # none, or one the server would have refused: ingest reads to the end
+            length = None
+        try:
+            result = self.uploads.ingest(request.stream, request.headers.get("content-type", ""), length,
                                          kb.documents_dir, limits)
         except UploadError as exc:
             raise ClientError(exc.status, exc.message, "upload_rejected") from None
