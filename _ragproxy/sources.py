@@ -1,15 +1,16 @@
 """Which files of a knowledge base's sources are indexed: .gitignore rules and globs.
 
 GitIgnore holds the .gitignore rules in force for one directory, inherited
-downwards as the walk descends; glob_match is fnmatch with ``**`` spanning
-directories, for ``include`` and ``exclude``; ALWAYS_EXCLUDED_DIRS are the
+downwards as the walk descends; glob_match applies the same rules to
+``include`` and ``exclude`` (a pattern without an inner slash matches at any
+depth, as in .gitignore); ALWAYS_EXCLUDED_DIRS are the
 tool and VCS folders no knowledge base wants.
 
 May import: nothing (the standard library only).
 """
 from __future__ import annotations
 
-import fnmatch
+import functools
 import os
 import re
 
@@ -102,13 +103,33 @@ class GitIgnore:
         return result
 
 
-def glob_match(rel, patterns):
-    """fnmatch with ``**`` spanning directories; a pattern without ``/`` matches the file name too."""
-    name = rel.rsplit("/", 1)[-1]
+def glob_match(rel, patterns, is_dir=None):
+    """Whether ``include``/``exclude`` ``patterns`` select the path ``rel`` (relative to its source).
+
+    The patterns follow .gitignore rules: one without a slash but at its end
+    matches at any depth (``tests/``, ``*.pyi``), a leading or inner slash
+    anchors it to the source root (``/build``, ``docs/*.md``), ``**`` spans
+    folders, a trailing slash matches folders (and so what is below them)
+    only, and a later ``!pattern`` takes a match back.  The last pattern
+    that matches decides.  ``rel`` ending in ``/`` (or ``is_dir``) is a folder.
+    """
+    if is_dir is None:
+        is_dir = rel.endswith("/")
+    rel = rel.rstrip("/")
+    if not patterns or not rel:
+        return False
+    return _compiled(tuple(patterns)).ignored(rel, is_dir)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(patterns):
+    rules = []
     for pattern in patterns:
-        if "/" not in pattern and fnmatch.fnmatchcase(name, pattern):
-            return True
-        if fnmatch.fnmatchcase(rel, pattern) or ("**/" in pattern and fnmatch.fnmatchcase(
-                rel, pattern.replace("**/", ""))):
-            return True
-    return False
+        negate = pattern.startswith("!")
+        if negate:
+            pattern = pattern[1:]
+        dir_only = pattern.endswith("/")
+        pattern = pattern.rstrip("/") if dir_only else pattern
+        if pattern.strip("/"):
+            rules.append(("", _gitignore_regex(pattern), negate, dir_only))
+    return GitIgnore(rules)

@@ -54,3 +54,37 @@ def test_gitignore_anchors_negates_dir_only_and_inherits(tmp_path):
     assert not root.ignored("sub/local.md", False)
     assert sub.ignored("sub/x.log", False) and not sub.ignored("sub/keep.log", False)
     assert GitIgnore().child(str(tmp_path / "sub" / "none"), "sub/none").rules == []  # no file: no rules
+
+
+def test_include_and_exclude_follow_gitignore_rules_at_any_depth(tmp_path):
+    # numpy's layout: tests/ folders at the root and at several depths, stubs beside the code.
+    src = tmp_path / "src" / "numpy"
+    for rel in ("__init__.py", "__init__.pyi", "linalg/_linalg.py", "linalg/tests/test_linalg.py",
+                "tests/test_public.py", "core/sub/tests/test_deep.py", "core/sub/impl.py", "tests_helper.py",
+                "build/gen.py", "core/build/keep.py", "doc/notes.md", "doc/tests.md"):
+        write(str(src / rel), "x = 1\n")
+    kb = make_kb(tmp_path, sources=("src/numpy",), exclude=("tests/", "*.pyi", "/build"))
+    assert sorted(kb.scan()) == ["numpy/__init__.py", "numpy/core/build/keep.py", "numpy/core/sub/impl.py",
+                                 "numpy/doc/notes.md", "numpy/doc/tests.md", "numpy/linalg/_linalg.py",
+                                 "numpy/tests_helper.py"]
+    # An inner slash anchors to the source root; "**" spans folders; "!" takes a match back.
+    kb = make_kb(tmp_path, sources=("src/numpy",), include=("linalg/*.py", "**/tests/*.py", "!core/**"))
+    assert sorted(kb.scan()) == ["numpy/linalg/_linalg.py", "numpy/linalg/tests/test_linalg.py",
+                                 "numpy/tests/test_public.py"]
+    # A trailing slash matches folders only: "doc/" keeps nothing under doc/, "tests.md" the file itself.
+    kb = make_kb(tmp_path, sources=("src/numpy",), include=("doc/",), exclude=("tests.md/",))
+    assert sorted(kb.scan()) == ["numpy/doc/notes.md", "numpy/doc/tests.md"]
+
+
+def test_glob_match_gitignore_semantics():
+    assert glob_match("pkg/sub/tests", ["tests/"], is_dir=True)       # no inner slash: any depth
+    assert glob_match("pkg/sub/tests/", ["tests/"])                   # a trailing "/" on rel: a folder
+    assert glob_match("pkg/sub/tests/test_x.py", ["tests/"])          # ...and everything below it
+    assert not glob_match("pkg/tests", ["tests/"], is_dir=False)      # a file named tests is no folder
+    assert glob_match("a/b/__init__.pyi", ["*.pyi"])
+    assert glob_match("build/x.py", ["/build"]) and not glob_match("a/build/x.py", ["/build"])
+    assert not glob_match("x/docs/a.md", ["docs/*.md"]) and not glob_match("docs/sub/a.md", ["docs/*.md"])
+    assert glob_match("a/x/y/b.py", ["a/**/b.py"]) and glob_match("a/b.py", ["a/**/b.py"])
+    assert glob_match("a/x/y", ["a/**"]) and not glob_match("a", ["a/**"], is_dir=False)
+    assert not glob_match("a/keep.log", ["*.log", "!keep.log"]) and glob_match("a/x.log", ["*.log", "!keep.log"])
+    assert not glob_match("a.md", ["", "/", "!"])                     # empty patterns match nothing
