@@ -121,7 +121,7 @@ class KnowledgeBase:
         self.embedder = embedder
         self.clock = clock
         self.analyzer = Analyzer()
-        self.store = KBStore(self.root, compact=_COMPACT_KINDS.get(spec.compact))
+        self.store = KBStore(self.root, compact=_COMPACT_KINDS.get(spec.compact), clock=clock)
         self._index_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._loaded = None  # (generation, bm25 index)
@@ -218,8 +218,8 @@ class KnowledgeBase:
                 self.status.update(state="idle", last_report=report.summary())
                 if report.added + report.changed > 1000:
                     self.analyzer.clear_cache()  # a big run memoised up to ~1M words (~240 MB)
-            if report.committed:
-                self.status["last_indexed"] = self.clock()
+            generation = self.store.current()
+            self.status["last_indexed"] = generation.created if generation is not None else None
             return report
 
     def _index(self, report, full, progress):
@@ -501,10 +501,13 @@ class KnowledgeBase:
             for name in generation.files():
                 with contextlib.suppress(OSError):
                     size += os.path.getsize(generation.path(name))
+        # The commit time is the generation's own, so it is right after a
+        # restart and in another process, which never ran this one's index().
         return {"name": self.spec.name, "retrieval": self.spec.retrieval,
                 "chunks": len(generation) if generation else 0,
                 "files": len(generation.manifest) if generation else 0,
-                "bytes": size, "generation": generation.name if generation else None, **self.status}
+                "bytes": size, "generation": generation.name if generation else None, **self.status,
+                "last_indexed": generation.created if generation is not None else None}
 
 
 class _EmbedBatch:

@@ -261,6 +261,12 @@ class Generation:
         return arr
 
     @property
+    def created(self):
+        """When this generation was committed (unix time), as recorded in it; None if it says not."""
+        created = self.meta.get("created")
+        return float(created) if isinstance(created, (int, float)) and not isinstance(created, bool) else None
+
+    @property
     def dim(self):
         """Vector dimension, or None for a lexical-only knowledge base."""
         return self.meta.get("dim")
@@ -552,7 +558,7 @@ class GenerationWriter:
             files[fname] = os.path.getsize(p)
         meta = {"format": _STORE_FORMAT, "chunks": count, "dim": dim,
                 "compact": self.compact_kind if dim is not None else None,
-                "created": time.time(), "files": files}
+                "created": self._store.clock(), "files": files}
         meta_path = os.path.join(self.dir, _META)
         with open(meta_path, "wb") as f:
             f.write(json.dumps(meta, indent=1, sort_keys=True).encode("utf-8"))
@@ -599,9 +605,10 @@ class KBStore:
     and after each commit.
     """
 
-    def __init__(self, root, compact=None, create=True):
+    def __init__(self, root, compact=None, create=True, clock=time.time):
         self.root = os.path.abspath(root)
         self.compact = compact
+        self.clock = clock  # stamps each generation's commit time (meta "created")
         if create:
             os.makedirs(self.root, exist_ok=True)
         elif not os.path.isdir(self.root):

@@ -103,6 +103,20 @@ def test_oversized_file_is_skipped_with_reason(tmp_path, docs):
     assert "max_file_bytes" in reasons["kb/a.md"]
 
 
+def test_last_indexed_is_the_current_generations_commit_time_after_a_restart(tmp_path, docs):
+    ticks = iter(range(1700000000, 1700001000, 10))
+    kb = ragproxy.KnowledgeBase(ragproxy.KBSpec(name="kb"), str(tmp_path), clock=lambda: float(next(ticks)))
+    assert kb.stats()["last_indexed"] is None            # nothing committed yet
+    kb.index()
+    committed = kb.stats()["last_indexed"]
+    assert committed is not None and kb.stats()["generation"] == "g000001"
+    # A restart, or another process (the CLI): the first run commits nothing, the time is still known.
+    later = ragproxy.KnowledgeBase(ragproxy.KBSpec(name="kb"), str(tmp_path), clock=lambda: 1800000000.0)
+    assert later.stats()["last_indexed"] == committed
+    assert not later.index().committed and later.stats()["last_indexed"] == committed
+    assert later.status["last_indexed"] == committed
+
+
 def test_extra_sources_and_globs(tmp_path, docs):
     other = tmp_path / "elsewhere"
     write(str(other / "notes.txt"), "gamma rays are measured in grays")

@@ -44,6 +44,18 @@ def commit_state(store, n, tag, dim=4, extra=None):
 
 # --- generations ----------------------------------------------------------------
 
+
+def test_a_generation_records_when_it_was_committed_by_the_stores_clock(tmp_path):
+    root = str(tmp_path / "kb")
+    ticks = iter([1700000000.5, 1700000123.25])
+    store = ragproxy.KBStore(root, clock=lambda: next(ticks))
+    for n in range(2):
+        with store.begin() as w:
+            w.add_chunks([{"id": "c%d" % n, "text": "t"}])
+    assert store.current().created == 1700000123.25
+    # Another process, or this one after a restart, reads it from the generation itself.
+    assert ragproxy.KBStore(root).current().created == 1700000123.25
+
 def test_commit_and_reload_round_trip(tmp_path, mode):
     root = str(tmp_path / "kb")
     store = ragproxy.KBStore(root)
