@@ -39,7 +39,9 @@ import hashlib
 import json
 import re
 
-DEFAULT_CHUNK_TEMPLATE = "[{index}] {source} ({id})\n{content}"
+# "[3] numpy/linalg/_linalg.py:362-389 (solve)": what DEFAULT_INJECT_TEMPLATE
+# (config) tells the model to cite by, so the two change together.
+DEFAULT_CHUNK_TEMPLATE = "[{index}] {citation}\n{content}"
 INJECT_MODES = ("before_last_user", "system_prepend", "system_append", "new_message")
 QUERY_SOURCES = ("last_user", "last_message", "all_user")
 
@@ -414,11 +416,28 @@ def _chunk_values(chunk, index, content=None):
     score = chunk.get("score")
     if content is None:
         content = chunk.get("content", chunk.get("text"))
+    source, lines = _text_or_empty(chunk.get("source")), _line_range(chunk)
+    symbol = _text_or_empty(chunk.get("symbol"))
+    headings = chunk.get("headings")
+    section = " > ".join(str(h) for h in headings if h) if isinstance(headings, list) else ""
+    about = symbol or section
     return {
-        "index": str(index), "id": _text_or_empty(chunk.get("id")), "source": _text_or_empty(chunk.get("source")),
+        "index": str(index), "id": _text_or_empty(chunk.get("id")), "source": source,
         "title": _text_or_empty(chunk.get("title")), "content": _text_or_empty(content).rstrip("\r\n"),
         "score": "%.3f" % score if isinstance(score, float) else _text_or_empty(score),
+        "lines": lines, "symbol": symbol, "section": section,
+        "citation": source + (":" + lines if lines else "") + (" (%s)" % about if about else ""),
     }
+
+
+def _line_range(chunk):
+    """"362-389", "12" for a one-line chunk, "" when the chunk has no line numbers."""
+    start, end = chunk.get("line_start"), chunk.get("line_end")
+    if not isinstance(start, int) or isinstance(start, bool) or start < 1:
+        return ""
+    if not isinstance(end, int) or isinstance(end, bool) or end <= start:
+        return str(start)
+    return "%d-%d" % (start, end)
 
 
 def _text_or_empty(value):
@@ -429,8 +448,12 @@ def render_context(chunks, template, chunk_template, max_tokens, query="", count
     """(text, used): ``chunks`` (best first) rendered into ``template``.
 
     Placeholders: ``{context}`` and ``{query}`` in ``template``; ``{index}``
-    (1-based), ``{id}``, ``{source}``, ``{title}``, ``{score}``, ``{content}``
-    in ``chunk_template``; ``{{``/``}}`` are literal braces.  Whole chunks are
+    (1-based), ``{id}``, ``{source}``, ``{title}``, ``{score}``, ``{content}``,
+    ``{lines}`` ("362-389", "12" for one line), ``{symbol}`` (code),
+    ``{section}`` (the heading path, "Install > Linux", or "page 3"), and
+    ``{citation}`` (``{source}:{lines} ({symbol or section})``, the parts
+    that are known) in ``chunk_template``, each "" when unknown;
+    ``{{``/``}}`` are literal braces.  Whole chunks are
     taken until the next would push the whole text past ``max_tokens``; a
     first chunk too large on its own is cut at a line boundary and marked, and
     appears in ``used`` as a copy with ``truncated: True``.  ("", []) when

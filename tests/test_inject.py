@@ -6,6 +6,7 @@ and Ollama clients send (docs/clients.md in the shared notes).
 import copy
 import json
 import random
+import re
 
 import pytest
 
@@ -306,10 +307,50 @@ def test_render_fills_placeholders_and_leaves_other_braces_alone():
     assert used == [chunk(1, code)]
 
 
-def test_default_chunk_template_labels_chunks_with_index_source_and_id():
-    text, _ = ragproxy.render_context([chunk(1, "alpha"), chunk(2, "beta")], "{context}",
+def test_default_chunk_template_labels_chunks_with_index_source_lines_and_symbol():
+    chunks = [chunk(1, "def solve(a, b):", source="numpy/linalg/_linalg.py", line_start=362, line_end=389,
+                    symbol="solve", headings=[]),
+              chunk(2, "beta", line_start=12, line_end=12, symbol="", headings=["Install", "Linux"]),
+              chunk(3, "gamma", line_start=4, line_end=9, headings=["page 2"]),
+              chunk(4, "delta")]  # a chunk from elsewhere, no line numbers: the path alone
+    text, _ = ragproxy.render_context(chunks, "{context}", ragproxy.DEFAULT_CHUNK_TEMPLATE, 500)
+    assert text == ("[1] numpy/linalg/_linalg.py:362-389 (solve)\ndef solve(a, b):\n\n"
+                    "[2] docs/part2.md:12 (Install > Linux)\nbeta\n\n"
+                    "[3] docs/part3.md:4-9 (page 2)\ngamma\n\n"
+                    "[4] docs/part4.md\ndelta")
+
+
+def test_chunk_template_lines_symbol_and_section_placeholders():
+    template = "{index}|{lines}|{symbol}|{section}|{citation}"
+    chunks = [chunk(1, "x", line_start=7, line_end=30, symbol="Config.load", headings=["A"]),
+              chunk(2, "x", line_start=5, line_end=5),
+              chunk(3, "x", line_start=0, line_end=0, symbol=None, headings=None),
+              # client-shaped junk never reaches the label as anything but text or nothing
+              chunk(4, "x", line_start="3", line_end=True, symbol=["s"], headings="Intro")]
+    text, _ = ragproxy.render_context(chunks, "{context}", template, 500)
+    assert text.split("\n\n") == [
+        "1|7-30|Config.load|A|docs/part1.md:7-30 (Config.load)",
+        "2|5|||docs/part2.md:5",
+        "3||||docs/part3.md",
+        "4||['s']||docs/part4.md (['s'])",
+    ]
+
+
+def test_default_preamble_names_exactly_what_the_labels_hold():
+    """The instruction a model reads must describe the labels it sees: the number in
+    brackets, then the path, the line range and the symbol or section."""
+    hit = chunk(1, "def solve(a, b):", source="numpy/linalg/_linalg.py", line_start=362, line_end=389,
+                symbol="solve")
+    text, _ = ragproxy.render_context([hit], ragproxy.DEFAULT_INJECT_TEMPLATE,
                                       ragproxy.DEFAULT_CHUNK_TEMPLATE, 500)
-    assert text == "[1] docs/part1.md (c01)\nalpha\n\n[2] docs/part2.md (c02)\nbeta"
+    preamble, context = text.split("<context>\n")
+    label = context.split("\n")[0]
+    assert label == "[1] numpy/linalg/_linalg.py:362-389 (solve)"
+    instruction = " ".join(preamble.split())
+    assert "[id]" not in instruction
+    assert "labelled [number] path:lines (symbol or section)" in instruction
+    assert re.fullmatch(r"\[(\d+)\] (\S+):(\d+-\d+) \((.+)\)", label)
+    assert "cite a passage by its [number] and path" in instruction
 
 
 def test_render_takes_whole_chunks_best_first_within_the_budget():
@@ -339,15 +380,43 @@ def test_render_truncates_an_oversized_first_chunk_at_a_line():
 
 
 def test_default_templates_end_to_end_into_a_claude_code_request():
-    chunks = [chunk(1, "Retry(total=3, backoff_factor=0.5)", id="9f2c41d0a7b3e5c8d1f0"), chunk(2, "See {docs}.")]
+    chunks = [chunk(1, "Retry(total=3, backoff_factor=0.5)", line_start=10, line_end=12), chunk(2, "See {docs}.")]
     text, used = ragproxy.render_context(chunks, ragproxy.DEFAULT_INJECT_TEMPLATE,
                                          ragproxy.DEFAULT_CHUNK_TEMPLATE, 2000, query=CC_PROMPT)
     assert len(used) == 2 and "untrusted" in text
-    assert "<context>\n[1] docs/part1.md (9f2c41d0a7b3e5c8d1f0)\nRetry(total=3, backoff_factor=0.5)\n\n" \
-           "[2] docs/part2.md (c02)\nSee {docs}.\n</context>" in text
+    assert "<context>\n[1] docs/part1.md:10-12\nRetry(total=3, backoff_factor=0.5)\n\n" \
+           "[2] docs/part2.md\nSee {docs}.\n</context>" in text
     body = claude_code_request(0)
     assert ragproxy.inject("messages", body, text)
     assert body["messages"][0]["content"][1] == {"type": "text", "text": text}
+
+
+def test_the_proxy_labels_injected_passages_by_path_lines_and_symbol(make_proxy, fake, tmp_path):
+    """Through the proxy with the official SDK: what reaches the model names each
+    passage as the preamble says, from the fields the indexed chunks carry."""
+    import openai
+    from conftest import API_KEY, proxy_config
+
+    code = tmp_path / "documents" / "code"
+    code.mkdir(parents=True)
+    (code / "keys.py").write_text('"""Key rotation helpers."""\n\n\n'
+                                  "def rotate_signing_key(store, days=90):\n"
+                                  '    """Rotate the signing key after ``days``."""\n'
+                                  "    return store.rotate(days)\n")
+    (code / "ops.md").write_text("# Operations\n\n## Keys\n\nThe signing key is rotated every 90 days.\n")
+    config = proxy_config(fake.url, extra="knowledge_bases:\n  code: {retrieval: lexical}\n").replace(
+        '  - {name: "*", upstream: [ol, oa]}', '  - {name: "*", upstream: [ol, oa], kb: [code]}')
+    p = make_proxy(config, data_dir=tmp_path)
+    p.app.knowledge_bases.index_all()
+    client = openai.OpenAI(base_url=p.url + "/v1", api_key=API_KEY, max_retries=0)
+    client.chat.completions.create(model="llama3", messages=[
+        {"role": "user", "content": "how often is the signing key rotated? rotate_signing_key"}])
+    sent = fake.last.json["messages"][-1]["content"]
+    labels = re.findall(r"^\[(\d+)\] (.*)$", sent, re.M)
+    assert [n for n, _ in labels] == ["1", "2", "3"]
+    assert {label for _, label in labels} == {
+        "code/keys.py:4-6 (rotate_signing_key)", "code/keys.py:1", "code/ops.md:1-5 (Operations > Keys)"}
+    assert "cite a passage by its [number] and path" in " ".join(sent.split())
 
 
 def test_render_nothing_when_nothing_fits():
