@@ -131,16 +131,39 @@ class KnowledgeBase:
     # -- sources ------------------------------------------------------------
 
     def source_roots(self):
-        """``(label, path)`` for each configured source plus the KB's documents folder."""
+        """``(label, path)`` for the KB's documents folder, then each configured source."""
+        return [(root["label"], root["path"]) for root in self._roots()]
+
+    @property
+    def documents_label(self):
+        """The label the documents folder's files are cited under: the KB's name unless a source has it."""
+        return self._roots()[0]["label"]
+
+    def _roots(self):
+        """The documents folder and each configured source: ``{source, path, label, kind}``.
+
+        A source's label is its folder's name (``/src/numpy`` -> ``numpy``), made
+        unique against earlier sources with ``_``.  The documents folder is
+        labelled with the KB's name, but yields it to a source of that name
+        (``documents`` instead): a KB ``numpy`` over ``/src/numpy`` cites
+        ``numpy/linalg/_linalg.py``, never ``numpy_/...``.
+        """
         roots, labels = [], set()
-        for source in (self.documents_dir,) + tuple(self.spec.sources):
+        for source in self.spec.sources:
             path = os.path.normpath(os.path.join(self.data_dir, os.path.expanduser(source)))
             label = os.path.basename(path.rstrip(os.sep)) or "root"
             while label in labels:
                 label += "_"
             labels.add(label)
-            roots.append((label, path))
-        return roots
+            roots.append({"source": source, "path": path, "label": label, "kind": "source"})
+        label = self.spec.name
+        if label in labels:
+            label = "documents"
+            while label in labels:
+                label += "_"
+        documents = {"source": f"documents/{self.spec.name}/", "path": self.documents_dir, "label": label,
+                     "kind": "documents"}
+        return [documents] + roots
 
     def scan(self):
         """Every indexable file: ``{source_id: (path, size, mtime_ns)}``."""
@@ -339,7 +362,7 @@ class KnowledgeBase:
     def _shown_name(self, source, uploaded):
         """What chunks call their file: an upload's original name, not its stored uuid name."""
         label, _, stored = source.partition("/")
-        entry = uploaded.get(stored) if label == self.spec.name else None
+        entry = uploaded.get(stored) if uploaded and label == self.documents_label else None
         name = entry.get("name") if isinstance(entry, dict) else None
         return f"{label}/{name}" if isinstance(name, str) and name else source
 

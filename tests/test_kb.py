@@ -117,6 +117,23 @@ def test_last_indexed_is_the_current_generations_commit_time_after_a_restart(tmp
     assert later.status["last_indexed"] == committed
 
 
+def test_a_source_named_like_its_kb_keeps_its_name_and_the_documents_folder_yields(tmp_path):
+    write(str(tmp_path / "src" / "numpy" / "linalg" / "_linalg.py"), "def norm(x):\n    return x\n")
+    stored = "0123456789abcdef0123456789abcdef.md"
+    write(str(tmp_path / "documents" / "numpy" / stored), "# Guide\n\nRead the guide.\n")
+    docfolder.write_manifest(str(tmp_path / "documents" / "numpy"),
+                             {stored: {"name": "guide.md", "size": 1, "sha256": "x", "uploaded_at": 0}})
+    kb = make_kb(tmp_path, name="numpy", sources=(str(tmp_path / "src" / "numpy"),))
+    assert kb.documents_label == "documents"
+    kb.index()
+    assert kb.search("norm", 1)[0].chunk["source"] == "numpy/linalg/_linalg.py"   # no stray "numpy_"
+    assert kb.search("read the guide", 1)[0].chunk["source"] == "documents/guide.md"   # the upload's name
+    assert [label for label, _ in kb.source_roots()] == ["documents", "numpy"]
+    # Without the collision the documents folder keeps the KB's name; two sources of one name still differ.
+    other = make_kb(tmp_path, name="kb", sources=("src/numpy", str(tmp_path / "documents" / "numpy")))
+    assert [label for label, _ in other.source_roots()] == ["kb", "numpy", "numpy_"]
+
+
 def test_extra_sources_and_globs(tmp_path, docs):
     other = tmp_path / "elsewhere"
     write(str(other / "notes.txt"), "gamma rays are measured in grays")
