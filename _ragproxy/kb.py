@@ -749,6 +749,8 @@ class KnowledgeBases:
                 if name in config.undeclared_kbs:
                     _log_undeclared(name, config.undeclared_kbs[name], kbs[name].documents_dir)
             self.kbs = kbs
+        if self._thread is not None:  # serving: a KB added by a reload gets its folder at once too
+            self._make_documents_dirs()
         self._wake.set()
 
     def get(self, name):
@@ -788,10 +790,23 @@ class KnowledgeBases:
         return reports
 
     def start(self):
-        """Index at start-up and whenever sources change (polled every rag.index_interval s)."""
+        """Index at start-up and whenever sources change (polled every rag.index_interval s).
+
+        Each KB's documents folder is made first, so whoever starts the proxy
+        finds where to drop files (the default config names ``docs``).
+        """
+        self._make_documents_dirs()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="indexer", daemon=True)
             self._thread.start()
+
+    def _make_documents_dirs(self):
+        for kb in list(self.kbs.values()):
+            try:
+                os.makedirs(kb.documents_dir, exist_ok=True)
+            except OSError as exc:
+                log.warning("kb %s: cannot create its documents folder %s: %s", kb.spec.name, kb.documents_dir,
+                            exc.strerror or exc)
 
     def _run(self):
         while not self._stop.is_set():
@@ -800,9 +815,12 @@ class KnowledgeBases:
             self._wake.wait(interval)
             self._wake.clear()
 
-    def stop(self):
+    def stop(self, wait=None):
+        """Stop the indexer after its current run; ``wait`` seconds at most for it to end (None: not at all)."""
         self._stop.set()
         self._wake.set()
+        if wait is not None and self._thread is not None:
+            self._thread.join(wait)
 
 
 def _log_undeclared(name, where, documents_dir):

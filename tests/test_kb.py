@@ -359,3 +359,17 @@ def test_an_undeclared_kb_close_to_a_declared_name_is_a_warning(tmp_path, caplog
     ragproxy.KnowledgeBases(ragproxy.Config.from_text(text, environ={}), str(tmp_path))
     said = [r for r in caplog.records if "not declared" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "WARNING" and "did you mean 'handbook'?" in said[0].getMessage()
+
+
+def test_start_creates_every_configured_kbs_documents_folder(tmp_path):
+    text = UNDECLARED + "knowledge_bases:\n  docs: {}\n  handbook: {sources: [elsewhere]}\n"
+    kbs = ragproxy.KnowledgeBases(ragproxy.Config.from_text(text, environ={}), str(tmp_path))
+    assert not (tmp_path / "documents").exists()   # constructing them (the CLI) creates nothing
+    kbs.start()
+    try:
+        for name in ("docs", "handbook", "kb"):
+            assert (tmp_path / "documents" / name).is_dir()
+        kbs.configure(ragproxy.Config.from_text(text + "  added: {}\n", environ={}))   # a reload while serving
+        assert (tmp_path / "documents" / "added").is_dir()
+    finally:
+        kbs.stop(wait=30)
