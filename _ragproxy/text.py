@@ -239,7 +239,19 @@ _chain = itertools.chain.from_iterable
 _drain = functools.partial(collections.deque, maxlen=0)
 _intern = sys.intern
 # ASCII punctuation that can never be inside a compound, mapped to spaces.
-_BLANK_PUNCT = str.maketrans({c: " " for c in "!\"#$%&'()*+,-:;<=>?@[\\]^`{|}~"})
+# "+" and "#" stay, for the names below; _analyze_piece drops them otherwise.
+_BLANK_PUNCT = str.maketrans({c: " " for c in "!\"$%&'()*,-:;<=>?@[\\]^`{|}~"})
+# Names spelled mostly in punctuation would lose it and be a letter or a
+# common word ("C++" the letter c, ".NET" the word net): each is one term
+# instead, the same as its spelled-out forms (cxx in CMAKE_CXX_STANDARD or
+# file.cxx, cplusplus), so a question about "the C++ standard" finds them.
+# "c++17" is c++ then 17; "abc++" and "x.c++" are not names.
+_NAMED_RE = re.compile(r"(?<![\w+#.])(?:([Cc])\+\+|([CcFf])#|\.([Nn][Ee][Tt]))(?![A-Za-z_+#])")
+_NAMED_TERMS = {"c++": "cpp", "c#": "csharp", "f#": "fsharp", ".net": "dotnet"}
+_SYNONYMS = {"cxx": "cpp", "cplusplus": "cpp"}
+#: Bump when the terms the analyzer gives for some text change: indexes built
+#: before then must be rebuilt (a knowledge base stores it with its settings).
+ANALYZER_VERSION = 2
 
 
 class _WordCache(dict):
@@ -344,7 +356,7 @@ class Analyzer:
                 else:
                     out.extend(chunk[j:j + 2] for j in range(len(chunk) - 1))
             elif chunk:
-                for raw in _COMPOUND_RE.findall(chunk):
+                for raw in chunk.translate(_BLANK_PUNCT).split():
                     out.extend(self._word_cache[raw])
         return out
 
@@ -354,6 +366,11 @@ class Analyzer:
         Called once per distinct piece, which on code is ~5% of all pieces but
         a third of the tokenizing time, hence the fast paths.
         """
+        if "+" in piece or "#" in piece or ".n" in piece or ".N" in piece:
+            named = _NAMED_RE.sub(_named_term, piece)
+            if named != piece or "+" in piece or "#" in piece:
+                return tuple(_chain(map(self._word_cache.__getitem__,
+                                        named.replace("+", " ").replace("#", " ").split())))
         if not piece.isascii():
             matches = _COMPOUND_RE.findall(piece)
             if len(matches) != 1 or matches[0] != piece:
@@ -425,6 +442,7 @@ class Analyzer:
         """
         terms = self._terms.get(word)
         if terms is None:
+            word = _SYNONYMS.get(word, word)
             if not word or word in self.stopwords or len(word) > _MAX_TOKEN_LEN:
                 terms = ()
             elif self.stemmer is not None and word.isascii() and word.isalpha():
@@ -433,6 +451,10 @@ class Analyzer:
                 terms = (_intern(word),)
             self._terms[word] = terms
         return terms
+
+
+def _named_term(m):
+    return " %s " % _NAMED_TERMS[m.group(0).lower()]
 
 
 @contextlib.contextmanager

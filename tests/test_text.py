@@ -117,6 +117,36 @@ def test_punctuation_around_names_is_ignored():
     assert plain.tokens("«quoted» end.") == ["quoted", "end"]
 
 
+def test_names_spelled_in_punctuation_stay_searchable_terms():
+    plain = Analyzer(stemmer=None)
+    # Each is one term, the one its spelled-out forms give, never the bare letter.
+    assert plain.tokens("C++ c++ C++17 (C++), C/C++") == ["cpp", "cpp", "cpp", "17", "cpp", "c", "cpp"]
+    assert plain.tokens("CMAKE_CXX_STANDARD foo.cxx cplusplus") == \
+        ["cmake", "cpp", "standard", "cmake_cxx_standard", "foo", "cpp", "foo.cxx", "cpp"]
+    assert plain.tokens("C# F# .NET 8, C#/.NET") == ["csharp", "fsharp", "dotnet", "8", "csharp", "dotnet"]
+    assert plain.tokens("Node.js ASP.NET") == ["node", "js", "node.js", "asp", "net", "asp.net"]
+    # Elsewhere "+" and "#" are punctuation, as before.
+    assert plain.tokens("j++ x+=1 abc++ y+b #include issue #12 ##") == \
+        ["j", "x", "1", "abc", "y", "b", "include", "issue", "12"]
+    # The same inside CJK text, and for a query as for a document.
+    assert plain.tokens("C++の標準") == ["cpp", "の標", "標準"]
+    assert plain.query_tokens("set the C++ standard to 17") == ["set", "cpp", "standard", "17"]
+
+
+def test_a_question_naming_cpp_finds_the_cmake_variable():
+    chunks = [
+        "set(CMAKE_CXX_STANDARD 17)\nset(CMAKE_CXX_STANDARD_REQUIRED ON)",
+        "For C sources set the C standard: set(CMAKE_C_STANDARD 17) selects C17.",
+        "Set the standard output of the build to a log file with a standard name.",
+        "C# projects target .NET 8 by default; the SDK picks the version.",
+        "The net version of a C project: use a network share for the C compiler.",
+    ]
+    an = Analyzer()
+    index = BM25Index.build(an.tokens_many(chunks))
+    assert index.search(an.query_tokens("set the C++ standard to 17"))[0][0] == 0
+    assert index.search(an.query_tokens("which .NET version do C# projects use"))[0][0] == 3
+
+
 def test_stopwords_default_custom_and_off():
     assert Analyzer(stemmer=None).tokens("The cat is on the mat") == ["cat", "mat"]
     # Negations and quantifiers carry meaning in questions about code.
