@@ -15,8 +15,8 @@ What only some knowledge bases need is imported where it is used: the
 document extractors by indexing, the embedding client (and the HTTP client
 under it) by dense and hybrid ones, so a lexical search loads neither.
 
-May import: chunking, defaults, deps, docfolder, documents, embeddings, fusion, npy, sources, store,
-text, upstream.
+May import: chunking, defaults, deps, docfolder, documents, embeddings, files, fusion, npy, sources,
+store, text, upstream.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ import time
 from . import deps
 from .defaults import BM25_B, BM25_K1, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_BYTES
 from .docfolder import UPLOAD_MANIFEST, read_manifest
+from .files import atomic_write
 from .fusion import FUSION_DEPTH, rrf, zscore_fusion
 from .npy import npy_read_array, npy_write_array
 from .sources import ALWAYS_EXCLUDED_DIRS, GitIgnore, glob_match
@@ -46,6 +47,11 @@ log = logging.getLogger("ragproxy")
 
 _BM25_META = "bm25.json"
 _SETTINGS_FILE = "settings.json"
+# Beside the generations, not in one: the latest run's sources, warnings and
+# skipped files change without a new generation, and another process (the
+# CLI, a restarted proxy) must see them.
+_STATE_FILE = "index_state.json"
+_BAD_STATES = ("missing", "unreadable")
 _COMPACT_KINDS = {"int8": "i8", "float16": "f16", "binary": "b1"}  # config name -> vector store name
 
 
@@ -97,8 +103,9 @@ class IndexReport:
     unchanged: int = 0
     chunks: int = 0
     generation: str = ""
-    skipped: list = dataclasses.field(default_factory=list)   # (source, reason)
-    deferred: list = dataclasses.field(default_factory=list)  # (source, reason): retried next run
+    # (name, reason), the name as chunks cite the file: an upload's original name
+    skipped: list = dataclasses.field(default_factory=list)
+    deferred: list = dataclasses.field(default_factory=list)  # (name, reason): retried next run
     seconds: float = 0.0
     committed: bool = False
 
@@ -125,8 +132,10 @@ class KnowledgeBase:
         self._index_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._loaded = None  # (generation, bm25 index)
-        self.status = {"state": "idle", "done": 0, "total": 0, "last_indexed": None, "last_error": None,
-                       "last_report": None}
+        self.status = {"state": "idle", "done": 0, "total": 0, "chunks": 0, "last_indexed": None,
+                       "last_error": None, "last_report": None}
+        self._logged_states = {}  # source -> the state last logged, so a poll logs only a change
+        self._state_cache = None  # (stat key of _STATE_FILE, its contents)
 
     # -- sources ------------------------------------------------------------
 
@@ -167,47 +176,97 @@ class KnowledgeBase:
 
     def scan(self):
         """Every indexable file: ``{source_id: (path, size, mtime_ns)}``."""
-        found = {}
-        spec = self.spec
-        for label, root in self.source_roots():
-            if any(c in root for c in "*?["):
-                for path in sorted(glob.glob(root, recursive=True)):
-                    if os.path.isfile(path):
-                        self._add_file(found, label + "/" + os.path.basename(path), path)
-                continue
-            if os.path.isfile(root):
-                self._add_file(found, label, root)
-                continue
-            if not os.path.isdir(root):
-                continue
-            ignores = {root: GitIgnore()}
-            for dirpath, dirnames, filenames in os.walk(root):
-                rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
-                rel_dir = "" if rel_dir == "." else rel_dir
-                rules = ignores.pop(dirpath, GitIgnore())
-                if spec.gitignore:
-                    rules = rules.child(dirpath, rel_dir)
-                keep = []
-                for d in sorted(dirnames):
-                    rel = f"{rel_dir}/{d}" if rel_dir else d
-                    if d in ALWAYS_EXCLUDED_DIRS or (spec.gitignore and rules.ignored(rel, True)) \
-                            or glob_match(rel + "/", spec.exclude) or os.path.islink(os.path.join(dirpath, d)):
-                        continue
-                    keep.append(d)
-                    ignores[os.path.join(dirpath, d)] = rules
-                dirnames[:] = keep
-                for name in sorted(filenames):
-                    rel = f"{rel_dir}/{name}" if rel_dir else name
-                    if name == ".gitignore" or (spec.gitignore and rules.ignored(rel, False)):
-                        continue
-                    if rel == UPLOAD_MANIFEST and root == self.documents_dir:
-                        continue
-                    if spec.include and not glob_match(rel, spec.include):
-                        continue
-                    if glob_match(rel, spec.exclude):
-                        continue
-                    self._add_file(found, f"{label}/{rel}", os.path.join(dirpath, name))
-        return found
+        return self._scan()[0]
+
+    def source_status(self):
+        """The state of the documents folder and of each configured source, as stats() lists them.
+
+        ``{source, path, label, kind, state, files, message}``: ``state`` is
+        "ok", "missing" (no such path, or a pattern whose folder does not
+        exist), "unreadable" (cannot be listed or read) or "empty" (there, but
+        no file matches ``include``/``exclude``); ``files`` counts the files
+        the indexer would read.  A walk of the sources with stats, no file is read.
+        """
+        return self._scan()[1]
+
+    def readable_source_count(self, sources=None):
+        """How many roots (the documents folder included) hold files to index; 0: no readable source at all."""
+        return sum(1 for s in (self.source_status() if sources is None else sources) if s["state"] == "ok")
+
+    def _scan(self):
+        found, sources = {}, []
+        for root in self._roots():
+            before = len(found)
+            state, message = self._scan_root(root, found)
+            sources.append(dict(root, state=state, files=len(found) - before, message=message))
+        return found, sources
+
+    def _scan_root(self, root, found):
+        """Add the files of one root to ``found``; returns its ``(state, message)``."""
+        spec, label, path, source = self.spec, root["label"], root["path"], root["source"]
+        documents = root["kind"] == "documents"
+        if any(c in path for c in "*?["):
+            matched = [p for p in sorted(glob.glob(path, recursive=True)) if os.path.isfile(p)]
+            for match in matched:
+                self._add_file(found, label + "/" + os.path.basename(match), match)
+            if matched:
+                return "ok", None
+            parts = path.split(os.sep)
+            base = os.sep.join(itertools.takewhile(lambda part: not any(c in part for c in "*?["), parts))
+            if not os.path.isdir(base or os.sep):
+                return "missing", f"source {source!r} matches no file: {base} does not exist"
+            return "empty", f"source {source!r} matches no file"
+        if not os.path.exists(path):
+            if documents:
+                return "empty", f"no documents yet: drop files in {path}{os.sep} or upload them"
+            return "missing", f"source {source!r} does not exist ({path})"
+        if os.path.isfile(path):
+            if not os.access(path, os.R_OK):
+                return "unreadable", f"source {source!r} cannot be read ({path}: permission denied)"
+            self._add_file(found, label, path)
+            return "ok", None
+        if not os.path.isdir(path):
+            return "unreadable", f"source {source!r} is neither a file nor a folder ({path})"
+        try:
+            os.listdir(path)
+        except OSError as exc:
+            return "unreadable", f"source {source!r} cannot be read ({path}: {exc.strerror or exc})"
+        failed = []  # folders below the root that could not be listed
+        before = len(found)
+        ignores = {path: GitIgnore()}
+        for dirpath, dirnames, filenames in os.walk(path, onerror=failed.append):
+            rel_dir = os.path.relpath(dirpath, path).replace(os.sep, "/")
+            rel_dir = "" if rel_dir == "." else rel_dir
+            rules = ignores.pop(dirpath, GitIgnore())
+            if spec.gitignore:
+                rules = rules.child(dirpath, rel_dir)
+            keep = []
+            for d in sorted(dirnames):
+                rel = f"{rel_dir}/{d}" if rel_dir else d
+                if d in ALWAYS_EXCLUDED_DIRS or (spec.gitignore and rules.ignored(rel, True)) \
+                        or glob_match(rel + "/", spec.exclude) or os.path.islink(os.path.join(dirpath, d)):
+                    continue
+                keep.append(d)
+                ignores[os.path.join(dirpath, d)] = rules
+            dirnames[:] = keep
+            for name in sorted(filenames):
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                if name == ".gitignore" or (spec.gitignore and rules.ignored(rel, False)):
+                    continue
+                if rel == UPLOAD_MANIFEST and documents:
+                    continue
+                if spec.include and not glob_match(rel, spec.include):
+                    continue
+                if glob_match(rel, spec.exclude):
+                    continue
+                self._add_file(found, f"{label}/{rel}", os.path.join(dirpath, name))
+        where = "" if not failed else "; %d folder%s below it could not be read (%s: %s)" % (
+            len(failed), "s" if len(failed) > 1 else "", failed[0].filename, failed[0].strerror or failed[0])
+        if len(found) > before:
+            return "ok", (f"source {source!r}" + where[1:]) if where else None
+        if documents:
+            return "empty", f"no documents yet: drop files in {path}{os.sep} or upload them" + where
+        return "empty", f"source {source!r} ({path}) holds no file that include/exclude let through" + where
 
     @staticmethod
     def _add_file(found, source_id, path):
@@ -229,10 +288,11 @@ class KnowledgeBase:
         with self._index_lock:
             started = self.clock()
             report = IndexReport(self.spec.name)
-            self.status.update(state="indexing", done=0, total=0)
+            self.status.update(state="indexing", done=0, total=0, chunks=0)
             try:
-                self._index(report, full, progress)
+                skip_cache = self._index(report, full, progress)
                 self.status.update(last_error=None)
+                self._save_state(skipped=report.skipped, deferred=report.deferred, skip_cache=skip_cache)
             except Exception as exc:
                 self.status.update(last_error=str(exc))
                 raise
@@ -252,7 +312,12 @@ class KnowledgeBase:
             log.info("kb %s: chunking, BM25 or embedding settings changed; re-indexing every file", spec.name)
             full = True
         old_manifest = old.manifest if old is not None and not full else {}
-        files = self.scan()
+        files, sources = self._scan()
+        self._note_sources(sources)
+        # A file skipped for a reason only a change to it can lift is not read
+        # again while its size and mtime stay (a full run retries them all).
+        skip_cache = {} if full else self._load_state().get("skip_cache", {})
+        new_skip_cache = {}  # what this run skips for good: returned, and saved by index()
         # Read every pass: an upload moves its files in before it records their
         # names, so a pass in between saw them under their stored names, and
         # the name alone must be able to make a file count as changed.
@@ -273,10 +338,24 @@ class KnowledgeBase:
                     manifest[source] = before
                     kept.append(source)
                     continue
+                remembered = skip_cache.get(source)
+                if isinstance(remembered, dict) and remembered.get("size") == size and \
+                        remembered.get("mtime") == mtime and remembered.get("shown") == shown and \
+                        remembered.get("max_file_bytes") == spec.max_file_bytes and \
+                        isinstance(remembered.get("reason"), str):
+                    report.skipped.append((shown, remembered["reason"]))
+                    new_skip_cache[source] = remembered
+                    continue
                 fresh = self._read_and_chunk(source, path, size, report, shown)
-                if fresh is None:
+                if isinstance(fresh, _Skip):
+                    log.log(logging.WARNING if fresh.loud else logging.INFO, "kb %s: skipped %s: %s",
+                            spec.name, shown, fresh.reason)
+                    if fresh.lasting:
+                        new_skip_cache[source] = {"size": size, "mtime": mtime, "shown": shown,
+                                                  "reason": fresh.reason, "max_file_bytes": spec.max_file_bytes}
                     continue
                 digest, chunks = fresh
+                self.status["chunks"] += len(chunks)
                 if same_name and before.get("hash") == digest:
                     manifest[source] = dict(before, size=size, mtime=mtime)
                     kept.append(source)
@@ -300,7 +379,7 @@ class KnowledgeBase:
                 # The background indexer lands here on every poll: no writer,
                 # no forward index, no vocabulary copy were made for nothing.
                 report.chunks, report.generation = len(old), old.name
-                return
+                return new_skip_cache
             writer, forward = batch.open()
             if kept:
                 rows = self._rows_of(old, manifest, kept, writer.chunk_count)
@@ -319,6 +398,7 @@ class KnowledgeBase:
         generation = self.store.current()
         report.committed = True
         report.chunks, report.generation = len(generation), generation.name
+        return new_skip_cache
 
     def _settings(self):
         """What a generation's chunks, terms and vectors depend on besides the files."""
@@ -367,9 +447,10 @@ class KnowledgeBase:
         return f"{label}/{name}" if isinstance(name, str) and name else source
 
     def _read_and_chunk(self, source, path, size, report, shown=None):
-        """``(sha256, chunks)`` for one file, or None (recorded in the report) if it is skipped.
+        """``(sha256, chunks)`` for one file, or a _Skip (recorded in the report) if it is skipped.
 
-        ``shown`` is the name chunks cite (and index) the file by, if not ``source``.
+        ``shown`` is the name chunks cite (and index) the file by, if not
+        ``source``; the report and the returned _Skip name the file by it.
         """
         # Here, not at the top: reading files is indexing's job, and a search
         # (the CLI's above all) should not load every format's extractor.
@@ -379,25 +460,27 @@ class KnowledgeBase:
         from .documents import SkipFile, extract
 
         spec = self.spec
+        shown = shown or source
+        too_large = size > spec.max_file_bytes
         try:
-            if size > spec.max_file_bytes:
+            if too_large:
                 raise SkipFile(f"larger than max_file_bytes ({size} > {spec.max_file_bytes})")
             with open(path, "rb") as f:
                 data = f.read(spec.max_file_bytes + 1)
             chunks = []
-            for doc in extract(shown or source, data, max_bytes=spec.max_file_bytes):
+            for doc in extract(shown, data, max_bytes=spec.max_file_bytes):
                 chunks += chunk_document(doc, spec.strategy, spec.chunk_size, spec.chunk_overlap)
         except SkipFile as exc:
-            report.skipped.append((source, str(exc)))
-            return None
-        except OSError as exc:
-            report.skipped.append((source, f"unreadable: {exc.strerror or exc}"))
-            return None
+            skip = _Skip(str(exc), lasting=True, loud=too_large)
+        except OSError as exc:  # permissions may change without the file doing so: tried again next run
+            skip = _Skip(f"unreadable: {exc.strerror or exc}", lasting=False, loud=True)
         except Exception as exc:  # a parser bug on one odd file must not stop the KB
-            log.warning("kb %s: cannot index %s: %s", spec.name, source, exc, exc_info=True)
-            report.skipped.append((source, f"failed to parse: {exc}"))
-            return None
-        return hashlib.sha256(data).hexdigest(), chunks
+            log.warning("kb %s: cannot index %s: %s", spec.name, shown, exc, exc_info=True)
+            skip = _Skip(f"failed to parse: {exc}", lasting=True, loud=False)  # the traceback is logged above
+        else:
+            return hashlib.sha256(data).hexdigest(), chunks
+        report.skipped.append((shown, skip.reason))
+        return skip
 
     def chunk_terms(self, chunk):
         """Index terms of a chunk.  Title, heading path, symbol and file name count
@@ -524,13 +607,100 @@ class KnowledgeBase:
             for name in generation.files():
                 with contextlib.suppress(OSError):
                     size += os.path.getsize(generation.path(name))
-        # The commit time is the generation's own, so it is right after a
-        # restart and in another process, which never ran this one's index().
+        state = self._load_state()
+        sources = state.get("sources")
+        if sources is None:  # never indexed: what a run would find
+            sources = self.source_status()
+        # The commit time is the generation's own, and the rest is read from
+        # disk, so a restart or another process (the CLI) sees the same.
         return {"name": self.spec.name, "retrieval": self.spec.retrieval,
                 "chunks": len(generation) if generation else 0,
                 "files": len(generation.manifest) if generation else 0,
                 "bytes": size, "generation": generation.name if generation else None, **self.status,
-                "last_indexed": generation.created if generation is not None else None}
+                "last_indexed": generation.created if generation is not None else None,
+                "sources": sources, "warnings": state.get("warnings") or self._warnings(sources),
+                "skipped": state.get("skipped", []), "deferred": state.get("deferred", [])}
+
+    # -- what the latest run found, kept beside the store --------------------
+
+    def _warnings(self, sources):
+        out = [s["message"] for s in sources if s["kind"] == "source" and s["state"] != "ok" and s["message"]]
+        if self.spec.sources and not self.readable_source_count(sources):
+            out.append(f"knowledge base {self.spec.name!r} has no readable source: nothing to index "
+                       f"(and no documents in {self.documents_dir}{os.sep})")
+        return out
+
+    def _note_sources(self, sources):
+        """Log each source's state when it changes (not on every poll) and keep it for stats()."""
+        for entry in sources:
+            key = (entry["kind"], entry["source"])
+            state, before = entry["state"], self._logged_states.get(key)
+            self._logged_states[key] = state
+            if state == before or entry["kind"] == "documents":
+                continue
+            if state in _BAD_STATES or state == "empty":
+                log.warning("kb %s: %s", self.spec.name, entry["message"])
+            elif before is not None:
+                log.info("kb %s: source %r is readable again (%d files)", self.spec.name, entry["source"],
+                         entry["files"])
+        warnings = self._warnings(sources)
+        nothing = bool(self.spec.sources) and not self.readable_source_count(sources)
+        if nothing and self._logged_states.get("nothing") is not True:
+            log.warning("kb %s: %s", self.spec.name, warnings[-1])
+        self._logged_states["nothing"] = nothing
+        self._save_state(sources=sources, warnings=warnings)
+
+    def _state_path(self):
+        return os.path.join(self.root, _STATE_FILE)
+
+    def _load_state(self):
+        """The persisted state (``{}`` if none), re-read only when the file changed."""
+        path = self._state_path()
+        try:
+            st = os.stat(path)
+        except OSError:
+            return {}
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        cached = self._state_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            with open(path, "rb") as f:
+                state = json.loads(f.read().decode("utf-8"))
+        except (OSError, ValueError) as exc:
+            log.warning("kb %s: ignoring unreadable %s: %s", self.spec.name, path, exc)
+            state = {}
+        if not isinstance(state, dict):
+            state = {}
+        self._state_cache = (key, state)
+        return state
+
+    def _save_state(self, **changes):
+        """Update the persisted state; the file is rewritten (atomically) only when it changes."""
+        state = dict(self._load_state())
+        for name in ("skipped", "deferred"):
+            if name in changes:
+                changes[name] = [{"file": f, "reason": r} for f, r in changes[name]]
+        state.update(changes, format=1)
+        if state == self._load_state():
+            return
+        data = json.dumps(state, ensure_ascii=False, indent=1, sort_keys=True).encode("utf-8")
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            atomic_write(self._state_path(), data)
+        except OSError as exc:
+            log.warning("kb %s: cannot record the indexing state in %s: %s", self.spec.name, self._state_path(), exc)
+            return
+        self._state_cache = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Skip:
+    """Why a file was not indexed; ``lasting``: until the file changes; ``loud``: a warning."""
+
+    reason: str
+    lasting: bool
+    loud: bool
 
 
 class _EmbedBatch:
@@ -583,8 +753,10 @@ class _EmbedBatch:
             try:
                 vectors = self.kb.embedder.embed(texts) if texts else []
             except EmbeddingTransient as exc:
-                for source, _, _, before in pending:
-                    self.report.deferred.append((source, str(exc)))
+                log.warning("kb %s: embedding failed, %d file%s deferred to the next run: %s", self.kb.spec.name,
+                            len(pending), "s" if len(pending) != 1 else "", exc)
+                for source, entry, _, before in pending:
+                    self.report.deferred.append((entry.get("shown", source), str(exc)))
                     if before:
                         self.deferred_kept.append((source, before))
                 return
@@ -783,10 +955,8 @@ class KnowledgeBases:
         for report in reports:
             if self.on_report is not None:
                 self.on_report(report)
-            if report.committed or report.skipped:
+            if report.committed:   # each skipped file was logged, by the name it is cited as, when skipped
                 log.info("indexed %s", report.summary())
-                for source, reason in report.skipped[:20]:
-                    log.info("  skipped %s: %s", source, reason)
         return reports
 
     def start(self):

@@ -134,6 +134,94 @@ def test_a_source_named_like_its_kb_keeps_its_name_and_the_documents_folder_yiel
     assert [label for label, _ in other.source_roots()] == ["kb", "numpy", "numpy_"]
 
 
+def test_a_missing_or_unreadable_source_is_reported_everywhere_once(tmp_path, docs, caplog):
+    caplog.set_level("INFO", logger="ragproxy")
+    write(str(tmp_path / "elsewhere" / "notes.txt"), "gamma rays are measured in grays")
+    os.mkfifo(str(tmp_path / "pipe"))
+    missing = str(tmp_path / "srv" / "does-not-exist")
+    kb = make_kb(tmp_path, sources=(missing, "elsewhere", "pipe", "nowhere/*.md", "elsewhere/*.md"))
+    kb.index()
+    kb.index()   # the next poll says nothing new
+    said = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert [m for m in (r.getMessage() for r in said) if missing in m] == \
+        [f"kb kb: source {missing!r} does not exist ({missing})"]
+    assert len(said) == 4   # the missing path, the pipe, and the two patterns that match nothing
+    for view in (kb.stats(), make_kb(tmp_path, sources=kb.spec.sources).stats()):   # this process, another
+        states = [(s["kind"], s["label"], s["state"], s["files"]) for s in view["sources"]]
+        assert states == [("documents", "kb", "ok", 3), ("source", "does-not-exist", "missing", 0),
+                          ("source", "elsewhere", "ok", 1), ("source", "pipe", "unreadable", 0),
+                          ("source", "*.md", "missing", 0), ("source", "*.md_", "empty", 0)]
+        assert view["sources"][1]["source"] == missing and view["sources"][0]["source"] == "documents/kb/"
+        assert len(view["warnings"]) == 4 and missing in view["warnings"][0]
+    assert kb.readable_source_count() == 2 and kb.source_status() == kb.stats()["sources"]
+
+
+def test_a_kb_with_no_readable_source_at_all_says_so_and_recovers(tmp_path, caplog):
+    caplog.set_level("INFO", logger="ragproxy")
+    kb = make_kb(tmp_path, sources=("srv/docs",))
+    assert kb.readable_source_count() == 0   # before any run: the CLI's `index` exits non-zero on this
+    report = kb.index()
+    assert report.added == 0 and kb.readable_source_count() == 0
+    warnings = kb.stats()["warnings"]
+    assert len(warnings) == 2 and "has no readable source" in warnings[1]
+    assert [s["state"] for s in kb.stats()["sources"]] == ["empty", "missing"]
+    assert kb.stats()["sources"][0]["message"].startswith("no documents yet: drop files in " + kb.documents_dir)
+    write(str(tmp_path / "srv" / "docs" / "a.md"), "# A\n\nalpha\n")
+    caplog.clear()
+    kb.index()
+    assert kb.readable_source_count() == 1 and kb.stats()["warnings"] == []
+    assert [r.getMessage() for r in caplog.records if "readable again" in r.getMessage()] == \
+        ["kb kb: source 'srv/docs' is readable again (1 files)"]
+    assert make_kb(tmp_path, sources=("srv/docs",)).stats()["warnings"] == []
+
+
+def test_skipped_files_are_listed_by_their_uploaded_name_and_not_reread(tmp_path, docs, caplog):
+    caplog.set_level("INFO", logger="ragproxy")
+    big, blob = "0123456789abcdef0123456789abcdef.md", "fedcba9876543210fedcba9876543210.md"
+    write(str(docs / big), "# Big\n\n" + "many words here " * 40)
+    with open(str(docs / blob), "wb") as f:
+        f.write(b"\x00\x01 not text " * 4)
+    docfolder.write_manifest(str(docs), {
+        big: {"name": "guides/huge.md", "size": 1, "sha256": "x", "uploaded_at": 0},
+        blob: {"name": "notes/odd.md", "size": 1, "sha256": "x", "uploaded_at": 0}})
+    kb = make_kb(tmp_path, max_file_bytes=200)
+    report = kb.index()
+    assert sorted(report.skipped) == [("kb/guides/huge.md", "larger than max_file_bytes (647 > 200)"),
+                                      ("kb/notes/odd.md", "binary file (contains NUL bytes)")]
+    logged = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert {r.getMessage() for r in logged} == {
+        "kb kb: skipped kb/guides/huge.md: larger than max_file_bytes (647 > 200)",
+        "kb kb: skipped kb/notes/odd.md: binary file (contains NUL bytes)"}
+    assert [r.levelname for r in sorted(logged, key=lambda r: r.getMessage())] == ["WARNING", "INFO"]
+    assert not any(big in r.getMessage() for r in caplog.records)   # the stored name is nobody's business
+    listed = make_kb(tmp_path, max_file_bytes=200).stats()["skipped"]   # another process reads it from disk
+    assert sorted(d["file"] for d in listed) == ["kb/guides/huge.md", "kb/notes/odd.md"]
+    # Same size and mtime: not read again (new bytes it never looked at stay unseen), but still listed.
+    st = os.stat(str(docs / blob))
+    with open(str(docs / blob), "wb") as f:
+        f.write(b"# Odd\n\nzebra text" + b" " * (st.st_size - 17))
+    os.utime(str(docs / blob), ns=(st.st_atime_ns, st.st_mtime_ns))
+    caplog.clear()
+    report = make_kb(tmp_path, max_file_bytes=200).index()   # a restart: the memory is on disk
+    assert len(report.skipped) == 2 and not [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert not kb.search("zebra", 1)
+    os.utime(str(docs / blob), ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))   # the file changed
+    report = kb.index()
+    assert report.skipped == [("kb/guides/huge.md", "larger than max_file_bytes (647 > 200)")]
+    assert kb.search("zebra", 1)[0].chunk["source"] == "kb/notes/odd.md"
+    assert make_kb(tmp_path, max_file_bytes=1000).index().added == 1   # a higher limit reads it again
+
+
+def test_status_counts_files_and_chunks_as_indexing_goes(tmp_path, docs):
+    kb = make_kb(tmp_path)
+    seen = []
+    report = kb.index(progress=lambda done, total, source: seen.append((done, total, kb.status["chunks"])))
+    assert [(d, t) for d, t, _ in seen] == [(1, 3), (2, 3), (3, 3)]
+    chunks = [c for _, _, c in seen]
+    assert chunks[0] == 0 and chunks == sorted(chunks) and chunks[-1] < report.chunks
+    assert kb.status["chunks"] == report.chunks and kb.status["done"] == kb.status["total"] == 3
+
+
 def test_extra_sources_and_globs(tmp_path, docs):
     other = tmp_path / "elsewhere"
     write(str(other / "notes.txt"), "gamma rays are measured in grays")
@@ -203,9 +291,12 @@ def test_transient_embedding_failure_defers_file_and_keeps_old_version(tmp_path,
         report = kb.index()
         assert [s for s, _ in report.deferred] == ["kb/b.md"]
         assert ids_by_source(kb)["kb/b.md"] == before["kb/b.md"]  # untouched, not half-indexed
+        deferred = make_kb(tmp_path, embedder=client, retrieval="hybrid").stats()["deferred"]  # another process
+        assert [d["file"] for d in deferred] == ["kb/b.md"] and "503" in deferred[0]["reason"]
         fake.reset_faults()
         report = kb.index()
         assert report.changed == 1 and "nine" in kb.search("beta retries", 1)[0].chunk["text"]
+        assert kb.stats()["deferred"] == []
 
 
 def test_rate_limit_aborts_the_run(tmp_path, docs):
