@@ -139,10 +139,15 @@ uploads:
 
 
 class ConfigError(ValueError):
-    """An invalid configuration; ``errors`` lists ``(key_path, line, message)``."""
+    """An invalid configuration; ``errors`` lists ``(key_path, line, message)`` in file order.
+
+    The checks find problems in schema order, then the cross-field ones;
+    someone fixing a file reads it top to bottom, so the errors are sorted by
+    line (stable: one line's errors keep their order; those with no line last).
+    """
 
     def __init__(self, errors, source="config"):
-        self.errors = list(errors)
+        self.errors = sorted(errors, key=lambda error: (error[1] is None, error[1] or 0))
         self.source = source
         lines = []
         for path, line, message in self.errors:

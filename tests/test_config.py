@@ -83,6 +83,25 @@ def test_bad_values_name_their_key_path_and_line():
     assert paths["server.port"] == (10, "expected an integer, got 'eighty'")
 
 
+def test_several_errors_are_listed_in_file_order():
+    # Found in schema order (server before rag, a section's unknown keys before its known ones, the
+    # cross-field checks last); listed as the file reads, top to bottom.
+    text = ("rag:\n  top_k: 0\nserver:\n  port: eighty\n  prot: 1\n"
+            "providers:\n  llm:\n    o: {type: ollama, base_url: 'http://127.0.0.1:9'}\n"
+            "models:\n  - {name: '*', upstream: nowhere}\n  - {name: m, upstream: o, inject_mode: sideways}\n"
+            "bogus: 1\nsecurity:\n  log_query: maybe\n")
+    errs = errors_of(text, environ={})
+    assert [(path, line) for path, line, _ in errs] == [
+        ("rag.top_k", 2), ("server.port", 4), ("server.prot", 5), ("models[0].upstream", 10),
+        ("models[1].inject_mode", 11), ("bogus", 12), ("security.log_query", 14)]
+    with pytest.raises(ragproxy.ConfigError) as info:
+        ragproxy.Config.from_text(text, source="c.yaml", environ={})
+    assert [line.split(":")[1] for line in str(info.value).splitlines()] == ["2", "4", "5", "10", "11", "12", "14"]
+    # Errors with no line (a file that cannot be read) come after those with one.
+    assert [e[1] for e in ragproxy.ConfigError([("b", None, "x"), ("a", 3, "y"), ("c", 1, "z")]).errors] == \
+        [1, 3, None]
+
+
 def test_missing_required_and_unknown_provider():
     text = """
 providers:
