@@ -9,6 +9,15 @@ the upload manifest (``docfolder``) names them; the indexer reads the names
 on every pass, so that moment does not last.  Stored files get random names
 (<uuid hex><ext>): original names are untrusted paths and may collide.
 
+An upload is known by its original relative name: the same name with the
+same contents again is reported unchanged and not stored twice, the same
+name with new contents replaces the stored file under its stored name (so
+an edited guide.md updates the one the KB has).  A file of a type not
+accepted, or over the per-file cap (the smaller of uploads.max_file_bytes
+and the KB's own max_file_bytes, so nothing is stored only for the indexer
+to skip), is left out with its reason and the rest stored, as in archives;
+an upload that is that one file is refused instead.
+
 Nothing is held in memory whole: multipart bodies and archive members move
 in 64 KiB pieces and every cap is enforced as bytes arrive.  Archive caps
 are checked twice, on the sizes an archive declares (so a zip bomb is
@@ -53,6 +62,7 @@ _MAX_FIELD_BYTES = 64 * 1024
 _MAX_FIELDS = 100
 _MEMBERS_PER_FILE = 4       # archive entries allowed per stored file (folders, skipped files)
 _STAGING_PREFIX = ".staging-"
+_OVERSIZE = " per file ("   # in every reason a file is too large, and only there
 _S_IFMT, _S_IFLNK, _S_IFREG, _S_IFDIR = 0o170000, 0o120000, 0o100000, 0o040000
 
 
@@ -72,11 +82,31 @@ class UploadLimits:
     max_total_bytes: int = UPLOAD_MAX_TOTAL_BYTES
     max_ratio: float = UPLOAD_MAX_RATIO
     max_part_header_bytes: int = 16 * 1024
+    # The receiving KB's own cap (knowledge_bases.<kb>.max_file_bytes) and that key: a file the
+    # indexer would skip as too large is not stored only to be skipped there.
+    kb_max_file_bytes: int = None
+    kb_key: str = None
+
+    def file_cap(self):
+        """The largest file this upload stores: the smaller of the upload's and the KB's caps."""
+        if self.kb_max_file_bytes is None:
+            return self.max_file_bytes
+        return min(self.max_file_bytes, self.kb_max_file_bytes)
+
+    def oversize_reason(self, size):
+        """Why a file of ``size`` bytes (over file_cap()) is not stored, naming the key to raise."""
+        cap = self.file_cap()
+        if self.kb_max_file_bytes is not None and self.kb_max_file_bytes <= self.max_file_bytes:
+            key = self.kb_key or "knowledge_bases.<kb>.max_file_bytes"
+            return (f"{human_size(size)}, over the knowledge base's limit of {human_size(cap)}{_OVERSIZE}"
+                    f"raise {key} to index larger files)")
+        return f"{human_size(size)}, over the upload limit of {human_size(cap)}{_OVERSIZE}uploads.max_file_bytes)"
 
 
 @dataclasses.dataclass
 class UploadedPart:
-    """One multipart part: a staged file (``path``) or a form field (``value``)."""
+    """One multipart part: a staged file (``path``), a form field (``value``, no ``filename``)
+    or a file not kept (``skip``: why, ``skip_status``: the status refusing it alone would take)."""
 
     field: str
     filename: str
@@ -84,6 +114,8 @@ class UploadedPart:
     size: int
     sha256: str
     value: str = None
+    skip: str = None
+    skip_status: int = None
 
 
 def safe_relative_path(name):
@@ -145,14 +177,12 @@ class _Budget:
         self.files = 0
         self.bytes = 0
 
-    def add(self, name, size):
+    def add(self, size):
+        """Count one file to store; its own size was checked against file_cap() already."""
         lim = self.limits
         self.files += 1
         if self.files > lim.max_files:
             raise _too_many_files(lim)
-        if size > lim.max_file_bytes:
-            raise _too_big(f"{name!r} is {human_size(size)}, over {human_size(lim.max_file_bytes)} "
-                           "(uploads.max_file_bytes)")
         self.bytes += size
         if self.bytes > lim.max_total_bytes:
             raise _too_much(lim)
@@ -176,6 +206,20 @@ class _StagedFile:
         self.hash.update(data)
         with self._staging_errors():
             self.file.write(data)
+
+    def close(self):
+        # Flushed to disk before it is moved in: a rename over an earlier upload of the same
+        # name must not leave, after a power cut, neither the old contents nor the new.
+        with self._staging_errors():
+            if not self.file.closed:
+                self.file.flush()
+                os.fsync(self.file.fileno())
+        self.file.close()
+
+    def discard(self):
+        self.file.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
 
     @staticmethod
     @contextlib.contextmanager
@@ -233,6 +277,8 @@ class _Multipart:
         self.staging_dir, self.limits = staging_dir, limits
         self.total = 0
         self.staged = []
+        self.kept = 0      # file parts of a type that is stored (archives included)
+        self.passed = 0    # file parts left out for their type
 
     def _more(self):
         if self.left <= 0:
@@ -287,11 +333,11 @@ class _Multipart:
                 raise UploadError(400, f"a part's header block is over {self.limits.max_part_header_bytes} bytes")
             headers = _parse_part_headers(bytes(self.buf[2:end]))
             del self.buf[:end + 4]
-            part = self._part(headers, len(parts) - fields)
+            part = self._part(headers)
             if part is None:
                 self._copy_until_delimiter(lambda data: None)
                 continue
-            if part.path is None:
+            if part.filename is None:
                 fields += 1
                 if fields > _MAX_FIELDS:
                     raise UploadError(400, f"more than {_MAX_FIELDS} form fields")
@@ -301,7 +347,7 @@ class _Multipart:
             self._more()
         return parts
 
-    def _part(self, headers, files_so_far):
+    def _part(self, headers):
         if "content-disposition" not in headers:
             raise UploadError(400, "a multipart part has no Content-Disposition header")
         kind, params = _header_params(headers["content-disposition"])
@@ -321,23 +367,54 @@ class _Multipart:
             return None   # a file input left empty
         name = safe_relative_path(raw_name)
         lim = self.limits
-        if files_so_far + 1 > lim.max_files:
-            raise _too_many_files(lim)
-        # An archive may be as large as a whole upload: its members are capped one by one later.
-        cap, key = ((lim.max_total_bytes, "uploads.max_total_bytes, for an archive") if _archive_kind(name)
-                    else (lim.max_file_bytes, "uploads.max_file_bytes"))
-        out = _StagedFile(self.staging_dir, cap, lambda: _too_big(f"{name!r} is over {human_size(cap)} ({key})"))
-        self.staged.append(out.path)
+        archive = _archive_kind(name)
+        reason = None if archive else _skip_reason(name)
+        if reason is None:
+            self.kept += 1
+            if self.kept > lim.max_files:
+                raise _too_many_files(lim)
+        else:
+            self.passed += 1
+            if self.passed > _MEMBERS_PER_FILE * lim.max_files:
+                raise _too_big(f"the upload holds more than {_MEMBERS_PER_FILE * lim.max_files} files of types "
+                               f"that are not accepted ({_MEMBERS_PER_FILE} per file of uploads.max_files)")
+        size = 0
 
-        def write(data):
+        def count(data):
+            nonlocal size
+            size += len(data)
             self.total += len(data)
             if self.total > lim.max_total_bytes:
                 raise _too_much(lim)
+        if reason is not None:   # left out: its bytes are read past, never written
+            self._copy_until_delimiter(count)
+            return UploadedPart(field, name, None, size, "", skip=reason, skip_status=400)
+        # An archive may be as large as a whole upload: its members are capped one by one later.
+        # A file over the cap is dropped as it arrives and the rest of the upload still read.
+        cap = lim.max_total_bytes if archive else lim.file_cap()
+        out = _StagedFile(self.staging_dir, cap, lambda: _too_big(
+            f"{name!r} is over {human_size(cap)} (uploads.max_total_bytes, for an archive)"))
+        self.staged.append(out.path)
+
+        def write(data):
+            nonlocal out
+            count(data)
+            if out is None:
+                return
+            if not archive and size > cap:
+                out.discard()
+                out = None
+                return
             out.write(data)
         try:
             self._copy_until_delimiter(write)
-        finally:
-            out.file.close()
+        except BaseException:
+            if out is not None:
+                out.file.close()
+            raise
+        if out is None:
+            return UploadedPart(field, name, None, size, "", skip=lim.oversize_reason(size), skip_status=413)
+        out.close()
         return UploadedPart(field, name, out.path, out.size, out.hash.hexdigest())
 
 
@@ -448,6 +525,14 @@ def _skip_reason(member):
     return None
 
 
+def _member_skip_reason(member, size, limits):
+    """Why an archive member is left out (its type, or its declared size); None to store it."""
+    reason = _skip_reason(member)
+    if reason is None and size > limits.file_cap():
+        reason = limits.oversize_reason(size)
+    return reason
+
+
 def _check_ratio(what, unpacked, packed, limits):
     if unpacked > _RATIO_FLOOR and unpacked > limits.max_ratio * max(packed, 1):
         ratio = unpacked / max(packed, 1)
@@ -495,8 +580,10 @@ def _extract_member(src, display_name, member, declared, staging_dir):
             if not piece:
                 break
             out.write(piece)
-    finally:
+    except BaseException:
         out.file.close()
+        raise
+    out.close()
     return UploadedPart("", name, out.path, out.size, out.hash.hexdigest())
 
 
@@ -525,11 +612,11 @@ def _expand_zip(path, display_name, staging_dir, limits, budget):
                 raise UploadError(400, f"{display_name}: zip member {member!r} is encrypted; upload it unencrypted")
             _check_ratio(f"{display_name}: zip member {member!r}", info.file_size, info.compress_size, limits)
             unpacked += info.file_size
-            reason = _skip_reason(member)
+            reason = _member_skip_reason(member, info.file_size, limits)
             if reason:
                 skipped.append({"name": f"{display_name}/{member}", "reason": reason})
                 continue
-            budget.add(f"{display_name}/{member}", info.file_size)
+            budget.add(info.file_size)
             todo.append((info, member))
         _check_ratio(f"{display_name} as a whole", unpacked, os.path.getsize(path), limits)
         for info, member in todo:
@@ -563,11 +650,11 @@ def _expand_tar(path, display_name, staging_dir, limits, budget, gzipped):
                                                                "only regular files and folders are accepted")
                 if gzipped:
                     _check_ratio(f"{display_name} as a whole", f.tell() + ti.size, packed, limits)
-                reason = _skip_reason(member)
+                reason = _member_skip_reason(member, ti.size, limits)
                 if reason:
                     skipped.append({"name": f"{display_name}/{member}", "reason": reason})
                     continue
-                budget.add(f"{display_name}/{member}", ti.size)
+                budget.add(ti.size)
                 parts.append(_extract_member(tf.extractfile(ti), display_name, member, ti.size, staging_dir))
         # tarfile stops at the end-of-archive blocks; reading on makes gzip check its length and CRC.
         while f.read(_PIECE):
@@ -595,7 +682,12 @@ class Uploads:
     def ingest(self, stream, content_type, content_length, documents_dir, limits=None):
         """Store one multipart upload in ``documents_dir``, all or nothing.
 
-        Returns ``{"stored": [{name, stored_as, size, sha256}], "skipped": [{name, reason}]}``.
+        Returns ``{"stored": [{name, stored_as, size, sha256, replaced}], "unchanged": [{name, stored_as,
+        size, sha256}], "skipped": [{name, reason}]}``.  Files are known by their original relative
+        name: the same name with the same content is ``unchanged`` (not stored again), the same
+        name with new content replaces the stored file in place (``replaced``: same stored name).
+        Files of a type not accepted or over the per-file cap are ``skipped`` with the reason,
+        unless the upload is that one file: then it is refused (UploadError 400 or 413).
         ``limits`` (default: this Uploads' own) lets a caller apply the config of the moment.
         """
         limits = limits or self.limits
@@ -607,32 +699,64 @@ class Uploads:
         os.makedirs(os.path.dirname(documents_dir), exist_ok=True)
         staging = os.path.join(os.path.dirname(documents_dir), _STAGING_PREFIX + uuid.uuid4().hex[:16])
         os.mkdir(staging, 0o700)
-        moved = []
+        moved, displaced = [], []   # files moved in; (stored file, its earlier contents set aside in staging)
         try:
             parts = parse_multipart(stream, content_type, content_length, staging, limits)
             files, skipped = self._expand(parts, staging, limits)
             with self._lock(documents_dir):
                 os.makedirs(documents_dir, exist_ok=True)
-                manifest, stored, now = read_manifest(documents_dir), [], self.clock()
+                manifest, now = read_manifest(documents_dir), self.clock()
+                stored, unchanged, stale = [], [], []
                 for part in files:
-                    stored_as = self.new_id() + split_ext(part.filename)[1]
+                    same_name = sorted((entry.get("uploaded_at") or 0, stored_as)
+                                       for stored_as, entry in manifest.items()
+                                       if isinstance(entry, dict) and entry.get("name") == part.filename
+                                       and _plain_name(stored_as))
+                    same = next((stored_as for _, stored_as in same_name
+                                 if _holds(documents_dir, stored_as, manifest[stored_as], part)), None)
+                    keep = same or (same_name[-1][1] if same_name else None)
+                    stale += [stored_as for _, stored_as in same_name if stored_as != keep]
+                    if same is not None:
+                        os.unlink(part.path)
+                        unchanged.append({"name": part.filename, "stored_as": same, "size": part.size,
+                                          "sha256": part.sha256})
+                        continue
+                    stored_as = keep or self.new_id() + split_ext(part.filename)[1]
                     target = os.path.join(documents_dir, stored_as)
-                    if stored_as in manifest or os.path.lexists(target) or "/" in stored_as:
+                    if not _plain_name(stored_as) or (keep is None and (stored_as in manifest
+                                                                          or os.path.lexists(target))):
                         raise RuntimeError(f"upload id {stored_as!r} is taken or invalid")
                     os.chmod(part.path, 0o644)   # mkstemp made it private to this process's user
+                    if keep is not None and os.path.isfile(target):
+                        # A second name for the earlier contents, put back if the upload fails after
+                        # all; the stored name itself is replaced in one rename, never missing.
+                        aside = part.path + ".old"
+                        try:
+                            os.link(target, aside)
+                        except OSError:
+                            shutil.copy2(target, aside)
+                        displaced.append((target, aside))
                     os.replace(part.path, target)
                     moved.append(target)
                     manifest[stored_as] = {"name": part.filename, "size": part.size, "sha256": part.sha256,
                                            "uploaded_at": now}
                     stored.append({"name": part.filename, "stored_as": stored_as, "size": part.size,
-                                   "sha256": part.sha256})
+                                   "sha256": part.sha256, "replaced": keep is not None})
+                for stored_as in stale:   # copies an earlier version stored twice: one name, one file
+                    manifest.pop(stored_as, None)
                 write_manifest(documents_dir, manifest)
-            return {"stored": stored, "skipped": skipped}
+                for stored_as in stale:   # after the manifest, as remove() does
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(documents_dir, stored_as))
+            return {"stored": stored, "unchanged": unchanged, "skipped": skipped}
         except BaseException:
             with self._lock(documents_dir):
                 for path in moved:
                     with contextlib.suppress(OSError):
                         os.unlink(path)
+                for target, aside in displaced:
+                    with contextlib.suppress(OSError):
+                        os.replace(aside, target)
                 shutil.rmtree(staging, ignore_errors=True)  # now, not in finally: it sits in a folder to remove
                 for path in created:   # only folders this upload made, and only if still empty
                     with contextlib.suppress(OSError):
@@ -643,27 +767,41 @@ class Uploads:
 
     def _expand(self, parts, staging, limits):
         budget = _Budget(limits)
-        files, skipped = [], []
-        for part in parts:
-            if part.path is None:
-                continue
+        files, skipped, names = [], [], set()
+        given = [part for part in parts if part.filename is not None]
+        # One plain file is refused outright: there is no rest of the upload to store.
+        alone = len(given) == 1 and not _archive_kind(given[0].filename)
+        for part in given:
             if _archive_kind(part.filename):
                 members, left_out = expand_archive(part.path, part.filename, staging, limits, budget)
                 os.unlink(part.path)   # halves the staging space a large archive needs
                 files += members
                 skipped += left_out
                 continue
-            ext = split_ext(part.filename)[1]
-            if ext not in ALLOWED_UPLOAD_EXTS:
-                kind = f"file type {ext!r} is" if ext else "files without an extension are"
-                raise UploadError(400, f"{part.filename!r}: {kind} not accepted (upload documents such as "
-                                       ".md, .txt, .pdf, .docx or source code, or .zip/.tar/.tar.gz archives)")
-            budget.add(part.filename, part.size)
+            if part.skip and alone:
+                raise UploadError(part.skip_status, _refusal(part))
+            if part.skip:
+                skipped.append({"name": part.filename, "reason": part.skip})
+                continue
+            budget.add(part.size)
             files.append(part)
-        if not files:
-            raise UploadError(400, "the upload holds no accepted documents" if skipped
-                              else "the upload holds no files")
-        return files, skipped
+        kept = []
+        for part in files:
+            if part.filename in names:
+                os.unlink(part.path)
+                skipped.append({"name": part.filename, "reason": "the upload holds another file of this name; "
+                                                                 "the first one is kept"})
+                continue
+            names.add(part.filename)
+            kept.append(part)
+        if not kept:
+            if not skipped:
+                raise UploadError(400, "the upload holds no files")
+            listed = "; ".join(f"{s['name']!r}: {s['reason']}" for s in skipped[:3])
+            more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+            status = 413 if all(_OVERSIZE in s["reason"] for s in skipped) else 400
+            raise UploadError(status, f"the upload holds no accepted documents: {listed}{more}")
+        return kept, skipped
 
     def remove(self, documents_dir, stored_as):
         """Delete one stored document and its manifest entry; returns the entry."""
@@ -679,6 +817,40 @@ class Uploads:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(documents_dir, stored_as))
         return entry
+
+
+def _refusal(part):
+    """The error for an upload that is this one file, which would be skipped."""
+    if part.skip_status == 413:
+        return f"{part.filename!r} is {part.skip}"
+    ext = split_ext(part.filename)[1]
+    if ext and ext in ALLOWED_UPLOAD_EXTS:   # macOS metadata: an accepted extension, still no document
+        return f"{part.filename!r}: {part.skip}, not a document"
+    kind = f"file type {ext!r} is" if ext else "files without an extension are"
+    return (f"{part.filename!r}: {kind} not accepted (upload documents such as .md, .txt, .pdf, .docx or "
+            "source code, or .zip/.tar/.tar.gz archives)")
+
+
+def _plain_name(stored_as):
+    """A stored name from the manifest that names a file in the documents folder itself."""
+    return isinstance(stored_as, str) and stored_as not in ("", ".", "..", UPLOAD_MANIFEST) \
+        and not any(c in stored_as for c in "/\\\0")
+
+
+def _holds(documents_dir, stored_as, entry, part):
+    """Whether the stored file already holds ``part``'s contents.  The file itself is hashed, not
+    only its manifest entry: a crash between moving a new version in and rewriting the manifest
+    leaves an entry that describes the previous contents."""
+    if entry.get("sha256") != part.sha256 or entry.get("size") != part.size:
+        return False
+    digest = hashlib.sha256()
+    try:
+        with open(os.path.join(documents_dir, stored_as), "rb") as f:
+            for piece in iter(lambda: f.read(_PIECE), b""):
+                digest.update(piece)
+    except OSError:
+        return False
+    return digest.hexdigest() == part.sha256
 
 
 def cleanup_staging(documents_root, older_than_s=3600, clock=time.time):

@@ -16,6 +16,7 @@ import zipfile
 import pytest
 
 import ragproxy as up
+from _ragproxy.docfolder import write_manifest
 
 BOUNDARY = "----WebKitFormBoundary7MA4YWxkTrZu0gW"
 CT = "multipart/form-data; boundary=" + BOUNDARY
@@ -213,7 +214,10 @@ def test_an_upload_over_a_real_socket(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         files = [("files", "notes/a.md", random.Random(3).randbytes(300000)), ("files", "b.txt", b"b")]
-        for parts, status in ((files, 200), (files + [("files", "c.exe", b"MZ")], 400)):
+        # Again with an .exe: nothing stored twice, the .exe skipped; the .exe alone is refused.
+        answers = []
+        for parts, status in ((files, 200), (files + [("files", "c.exe", b"MZ")], 200),
+                              ([("files", "c.exe", b"MZ")], 400)):
             body = encode(parts)
             conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
             conn.putrequest("POST", "/upload")
@@ -226,6 +230,10 @@ def test_an_upload_over_a_real_socket(tmp_path):
             answer = json.loads(response.read())
             conn.close()
             assert response.status == status, answer
+            answers.append(answer)
+        assert [len(answers[0]["stored"]), len(answers[1]["stored"]), len(answers[1]["unchanged"])] == [2, 0, 2]
+        assert answers[1]["skipped"] == [{"name": "c.exe", "reason": "file type '.exe' is not accepted"}]
+        assert "'.exe' is not accepted" in answers[2]["error"]
         assert len(up.read_manifest(docs)) == 2 and sorted(os.listdir(str(tmp_path))) == ["kb"]
     finally:
         server.shutdown()
@@ -338,7 +346,7 @@ def test_parse_multipart_removes_its_files_when_it_fails(tmp_path):
     staging.mkdir()
     body = encode([("f", "a.md", b"x" * 100), ("f", "b.md", b"x" * 2000)])
     with pytest.raises(up.UploadError):
-        up.parse_multipart(io.BytesIO(body), CT, len(body), str(staging), up.UploadLimits(max_file_bytes=1000))
+        up.parse_multipart(io.BytesIO(body), CT, len(body), str(staging), up.UploadLimits(max_total_bytes=1500))
     assert os.listdir(str(staging)) == []
 
 
@@ -349,16 +357,45 @@ def test_no_content_length_is_411(docs):
     assert info.value.status == 411
 
 
-def test_an_oversize_file_is_refused_while_it_arrives(docs):
+class StagingWatch(Counting):
+    """A body reader that records the largest file in the staging folder after every read."""
+
+    def __init__(self, data, root):
+        super().__init__(data)
+        self.root, self.largest = root, 0
+
+    def read(self, n=-1):
+        for staging in (e for e in os.scandir(self.root) if e.name.startswith(".staging-")):
+            for f in os.scandir(staging.path):
+                self.largest = max(self.largest, f.stat().st_size)
+        return super().read(n)
+
+
+def test_an_oversize_file_among_others_is_skipped_as_it_arrives_and_the_rest_stored(docs):
     limits = up.UploadLimits(max_file_bytes=1000)
-    body = encode([("f", "ok.md", b"fine"), ("f", "big.txt", b"x" * 1000000)])
-    reader = Counting(body)
-    before = snapshot(os.path.dirname(docs))
-    with pytest.raises(up.UploadError) as info:
-        up.Uploads(limits).ingest(reader, CT, len(body), docs)
-    assert info.value.status == 413 and "'big.txt'" in info.value.message
-    assert reader.consumed <= 2 * 64 * 1024   # it stopped reading
-    assert snapshot(os.path.dirname(docs)) == before
+    body = encode([("f", "ok.md", b"fine"), ("f", "big.txt", b"x" * 1000000), ("f", "after.md", b"later")])
+    reader = StagingWatch(body, os.path.dirname(docs))
+    result = up.Uploads(limits, new_id=ids()).ingest(reader, CT, len(body), docs)
+    assert [s["name"] for s in result["stored"]] == ["ok.md", "after.md"]
+    assert result["skipped"] == [{"name": "big.txt", "reason": "976.6 KiB, over the upload limit of 1000 B per "
+                                                               "file (uploads.max_file_bytes)"}]
+    assert reader.largest <= 1000 + 64 * 1024   # its bytes past the cap were never written
+    assert "big.txt" not in {v["name"] for v in up.read_manifest(docs).values()}
+
+
+def test_an_oversize_file_alone_is_refused_with_the_limit_and_its_key(docs):
+    rejected(docs, [("f", "big.txt", b"x" * 1001)], 413,
+             r"^'big.txt' is 1001 B, over the upload limit of 1000 B per file \(uploads.max_file_bytes\)$",
+             limits=up.UploadLimits(max_file_bytes=1000))
+    # The KB's own cap, when it is the smaller one, is the one named: the file would be skipped there.
+    kb = up.UploadLimits(max_file_bytes=5000, kb_max_file_bytes=1000, kb_key="knowledge_bases.docs.max_file_bytes")
+    rejected(docs, [("f", "big.txt", b"x" * 1001)], 413, r"over the knowledge base's limit of 1000 B per file "
+             r"\(raise knowledge_bases.docs.max_file_bytes to index larger files\)", limits=kb)
+    result = ingest(docs, [("f", "exact.md", b"x" * 1000), ("f", "big.md", b"x" * 1001),
+                           ("f", "a.zip", zip_bytes([("in.md", b"y" * 1001), ("fits.md", b"z")]))], limits=kb)
+    assert [s["name"] for s in result["stored"]] == ["exact.md", "a.zip/fits.md"]
+    assert [(s["name"], "knowledge_bases.docs.max_file_bytes" in s["reason"]) for s in result["skipped"]] == [
+        ("big.md", True), ("a.zip/in.md", True)]
 
 
 @pytest.mark.parametrize("limits,match", [
@@ -412,9 +449,32 @@ def test_a_traversing_multipart_filename_is_refused(docs):
     rejected(docs, [("f", "ok.md", b"x"), ("f", "../../evil.md", b"x")], 400, "escapes the upload folder")
 
 
-def test_a_disallowed_file_type_is_refused_by_name(docs):
-    rejected(docs, [("f", "ok.md", b"x"), ("f", "photo.png", b"\x89PNG")], 400, "'photo.png'.*'.png'")
+def test_a_disallowed_file_type_alone_is_refused_by_name(docs):
+    rejected(docs, [("f", "photo.png", b"\x89PNG")], 400, "'photo.png'.*'.png' is not accepted")
     rejected(docs, [("f", "README", b"x")], 400, "without an extension")
+    rejected(docs, [("f", "docs/._guide.md", b"x")], 400, "macOS metadata, not a document")
+
+
+def test_disallowed_files_among_others_are_skipped_and_the_rest_stored(docs):
+    result = ingest(docs, [("f", "docs/guide.md", b"# guide"), ("f", "docs/img/logo.png", b"\x89PNG" * 1000),
+                           ("f", "docs/README", b"x"), ("f", "docs/intro.txt", b"hello")])
+    assert [s["name"] for s in result["stored"]] == ["docs/guide.md", "docs/intro.txt"]
+    assert result["skipped"] == [{"name": "docs/img/logo.png", "reason": "file type '.png' is not accepted"},
+                                 {"name": "docs/README", "reason": "no file extension"}]
+    assert sorted(v["name"] for v in up.read_manifest(docs).values()) == ["docs/guide.md", "docs/intro.txt",
+                                                                         "first.md"]
+    assert not any(n.endswith(".png") for n in os.listdir(docs))
+    # Nothing accepted at all: refused, every reason named.
+    e = rejected(docs, [("f", "a.png", b"x"), ("f", "b.exe", b"MZ")], 400, "no accepted documents")
+    assert "'a.png': file type '.png' is not accepted; 'b.exe': file type '.exe'" in e.message
+
+
+def test_skipped_files_count_against_their_own_cap(docs):
+    limits = up.UploadLimits(max_files=2)
+    result = ingest(docs, [("f", "a.md", b"a")] + [("f", "%d.png" % i, b"x") for i in range(8)], limits=limits)
+    assert len(result["stored"]) == 1 and len(result["skipped"]) == 8
+    rejected(docs, [("f", "a.md", b"a")] + [("f", "%d.png" % i, b"x") for i in range(9)], 413,
+             "more than 8 files of types that are not accepted", limits=limits)
 
 
 def test_an_upload_without_files_is_refused(docs):
@@ -428,6 +488,89 @@ def test_a_failure_while_committing_removes_what_was_moved(docs):
     with pytest.raises(RuntimeError):
         ingest(docs, [("f", "a.md", b"a"), ("f", "b.md", b"b")], new_id=lambda: "9" * 32)
     assert snapshot(root) == before
+
+
+# --- the same name again ---------------------------------------------------------
+
+def test_the_same_file_uploaded_again_is_unchanged_not_stored_twice(docs):
+    before = snapshot(docs)
+    result = ingest(docs, [("f", "first.md", b"# first\n")], clock=lambda: 1800000000.0)
+    assert result["stored"] == [] and result["skipped"] == []
+    assert result["unchanged"] == [{"name": "first.md", "stored_as": "f" * 32 + ".md", "size": 8,
+                                    "sha256": sha(b"# first\n")}]
+    assert snapshot(docs) == before   # not even uploaded_at moves
+    again = ingest(docs, [("f", "first.md", b"# first\n"), ("f", "x.zip", zip_bytes([("a.md", b"a")]))])
+    assert len(again["unchanged"]) == 1 and [s["name"] for s in again["stored"]] == ["x.zip/a.md"]
+    assert [s["name"] for s in ingest(docs, [("f", "x.zip", zip_bytes([("a.md", b"a")]))])["unchanged"]] == [
+        "x.zip/a.md"]
+    assert sorted(v["name"] for v in up.read_manifest(docs).values()) == ["first.md", "x.zip/a.md"]
+
+
+def test_the_same_name_with_new_content_replaces_the_stored_file(docs):
+    result = ingest(docs, [("f", "first.md", b"# first, edited\n")], clock=lambda: 1800000000.0)
+    assert result["unchanged"] == []
+    assert result["stored"] == [{"name": "first.md", "stored_as": "f" * 32 + ".md", "size": 16,
+                                 "sha256": sha(b"# first, edited\n"), "replaced": True}]
+    with open(os.path.join(docs, "f" * 32 + ".md"), "rb") as f:
+        assert f.read() == b"# first, edited\n"
+    assert up.read_manifest(docs) == {"f" * 32 + ".md": {"name": "first.md", "size": 16, "uploaded_at": 1800000000.0,
+                                                         "sha256": sha(b"# first, edited\n")}}
+    assert sorted(os.listdir(docs)) == ["f" * 32 + ".md", "manifest.json"]
+    # A name is the whole relative path: the same file name in another folder is another file.
+    other = ingest(docs, [("f", "sub/first.md", b"# first, edited\n")])
+    assert other["stored"][0]["replaced"] is False and len(up.read_manifest(docs)) == 2
+
+
+def test_one_name_twice_in_one_upload_keeps_the_first(docs):
+    result = ingest(docs, [("f", "n.md", b"one"), ("f", "n.md", b"two")])
+    assert [s["name"] for s in result["stored"]] == ["n.md"] and result["stored"][0]["sha256"] == sha(b"one")
+    assert result["skipped"] == [{"name": "n.md", "reason": "the upload holds another file of this name; "
+                                                            "the first one is kept"}]
+    assert len(os.listdir(docs)) == 3   # first.md, n.md and the manifest: no staged copy left behind
+
+
+def test_a_name_stored_twice_before_is_stored_once_after(docs):
+    # Earlier versions stored every upload anew: two entries, one name.
+    ingest(docs, [("f", "dup.md", b"old")], new_id=lambda: "1" * 32, clock=lambda: 1.0)
+    manifest = up.read_manifest(docs)
+    with open(os.path.join(docs, "2" * 32 + ".md"), "wb") as f:
+        f.write(b"older")
+    manifest["2" * 32 + ".md"] = {"name": "dup.md", "size": 5, "sha256": sha(b"older"), "uploaded_at": 0.5}
+    write_manifest(docs, manifest)
+    result = ingest(docs, [("f", "dup.md", b"new")])
+    assert result["stored"][0]["stored_as"] == "1" * 32 + ".md" and result["stored"][0]["replaced"]
+    assert sorted(os.listdir(docs)) == ["1" * 32 + ".md", "f" * 32 + ".md", "manifest.json"]
+    assert sorted(v["name"] for v in up.read_manifest(docs).values()) == ["dup.md", "first.md"]
+
+
+def test_unchanged_is_judged_by_the_stored_file_not_only_the_manifest(docs):
+    # A crash after a new version was moved in but before the manifest was rewritten: the entry
+    # still describes the old contents.  Uploading the old contents again must restore them.
+    with open(os.path.join(docs, "f" * 32 + ".md"), "wb") as f:
+        f.write(b"# first, edited\n")
+    result = ingest(docs, [("f", "first.md", b"# first\n")])
+    assert result["unchanged"] == [] and result["stored"][0]["replaced"]
+    with open(os.path.join(docs, "f" * 32 + ".md"), "rb") as f:
+        assert f.read() == b"# first\n"
+
+
+def test_a_failure_after_replacing_a_file_puts_the_old_contents_back(docs):
+    root = os.path.dirname(docs)
+    before = snapshot(root)
+    with pytest.raises(RuntimeError):   # the second new file's id is taken: fails after the replacement
+        ingest(docs, [("f", "first.md", b"edited"), ("f", "a.md", b"a"), ("f", "b.md", b"b")],
+               new_id=lambda: "9" * 32)
+    assert snapshot(root) == before
+
+
+def test_a_manifest_entry_with_a_hostile_stored_name_is_never_replaced(docs):
+    manifest = up.read_manifest(docs)
+    manifest["../../other-kb/keep.md"] = {"name": "keep.md", "size": 4, "sha256": sha(b"keep"), "uploaded_at": 9}
+    write_manifest(docs, manifest)
+    result = ingest(docs, [("f", "keep.md", b"evil")])
+    assert result["stored"][0]["replaced"] is False and "/" not in result["stored"][0]["stored_as"]
+    with open(os.path.join(os.path.dirname(docs), "other-kb", "keep.md")) as f:
+        assert f.read() == "keep"
 
 
 # --- archives -------------------------------------------------------------------
@@ -578,8 +721,8 @@ def test_a_zip_claiming_too_many_entries_is_refused_before_its_directory_is_read
 
 def test_archive_member_caps(docs):
     limits = up.UploadLimits(max_file_bytes=1000, max_files=3)
-    rejected(docs, [("f", "a.zip", zip_bytes([("big.md", os.urandom(1001))]))], 413, "'a.zip/big.md' is",
-             limits=limits)
+    rejected(docs, [("f", "a.zip", zip_bytes([("big.md", os.urandom(1001))]))], 413,
+             r"no accepted documents: 'a.zip/big.md': 1001 B, over the upload limit", limits=limits)
     rejected(docs, [("f", "a.tar", tar_bytes([(tinfo("big.md"), os.urandom(1001))]))], 413, "uploads.max_file_bytes",
              limits=limits)
     rejected(docs, [("f", "a.zip", zip_bytes([("%d.md" % i, b"x") for i in range(4)]))], 413, "more than 3 files",
