@@ -205,6 +205,7 @@ class KnowledgeBase:
         """Add the files of one root to ``found``; returns its ``(state, message)``."""
         spec, label, path, source = self.spec, root["label"], root["path"], root["source"]
         documents = root["kind"] == "documents"
+        named = f"source {source!r}" + (f" ({path})" if path != source else "")
         if any(c in path for c in "*?["):
             matched = [p for p in sorted(glob.glob(path, recursive=True)) if os.path.isfile(p)]
             for match in matched:
@@ -219,18 +220,18 @@ class KnowledgeBase:
         if not os.path.exists(path):
             if documents:
                 return "empty", f"no documents yet: drop files in {path}{os.sep} or upload them"
-            return "missing", f"source {source!r} does not exist ({path})"
+            return "missing", f"{named} does not exist"
         if os.path.isfile(path):
             if not os.access(path, os.R_OK):
-                return "unreadable", f"source {source!r} cannot be read ({path}: permission denied)"
+                return "unreadable", f"{named} cannot be read: permission denied"
             self._add_file(found, label, path)
             return "ok", None
         if not os.path.isdir(path):
-            return "unreadable", f"source {source!r} is neither a file nor a folder ({path})"
+            return "unreadable", f"{named} is neither a file nor a folder"
         try:
             os.listdir(path)
         except OSError as exc:
-            return "unreadable", f"source {source!r} cannot be read ({path}: {exc.strerror or exc})"
+            return "unreadable", f"{named} cannot be read: {exc.strerror or exc}"
         failed = []  # folders below the root that could not be listed
         before = len(found)
         ignores = {path: GitIgnore()}
@@ -263,10 +264,10 @@ class KnowledgeBase:
         where = "" if not failed else "; %d folder%s below it could not be read (%s: %s)" % (
             len(failed), "s" if len(failed) > 1 else "", failed[0].filename, failed[0].strerror or failed[0])
         if len(found) > before:
-            return "ok", (f"source {source!r}" + where[1:]) if where else None
+            return "ok", (named + ":" + where[1:]) if where else None
         if documents:
             return "empty", f"no documents yet: drop files in {path}{os.sep} or upload them" + where
-        return "empty", f"source {source!r} ({path}) holds no file that include/exclude let through" + where
+        return "empty", f"{named} holds no file that include/exclude let through" + where
 
     @staticmethod
     def _add_file(found, source_id, path):
@@ -614,9 +615,10 @@ class KnowledgeBase:
         # The commit time is the generation's own, and the rest is read from
         # disk, so a restart or another process (the CLI) sees the same.
         return {"name": self.spec.name, "retrieval": self.spec.retrieval,
-                "chunks": len(generation) if generation else 0,
                 "files": len(generation.manifest) if generation else 0,
                 "bytes": size, "generation": generation.name if generation else None, **self.status,
+                # status["chunks"] counts this run's new chunks; "chunks" stays the committed total
+                "chunks": len(generation) if generation else 0, "run_chunks": self.status["chunks"],
                 "last_indexed": generation.created if generation is not None else None,
                 "sources": sources, "warnings": state.get("warnings") or self._warnings(sources),
                 "skipped": state.get("skipped", []), "deferred": state.get("deferred", [])}

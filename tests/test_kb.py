@@ -144,7 +144,7 @@ def test_a_missing_or_unreadable_source_is_reported_everywhere_once(tmp_path, do
     kb.index()   # the next poll says nothing new
     said = [r for r in caplog.records if r.levelname == "WARNING"]
     assert [m for m in (r.getMessage() for r in said) if missing in m] == \
-        [f"kb kb: source {missing!r} does not exist ({missing})"]
+        [f"kb kb: source {missing!r} does not exist"]   # named as written; a relative one with its path too
     assert len(said) == 4   # the missing path, the pipe, and the two patterns that match nothing
     for view in (kb.stats(), make_kb(tmp_path, sources=kb.spec.sources).stats()):   # this process, another
         states = [(s["kind"], s["label"], s["state"], s["files"]) for s in view["sources"]]
@@ -220,6 +220,9 @@ def test_status_counts_files_and_chunks_as_indexing_goes(tmp_path, docs):
     chunks = [c for _, _, c in seen]
     assert chunks[0] == 0 and chunks == sorted(chunks) and chunks[-1] < report.chunks
     assert kb.status["chunks"] == report.chunks and kb.status["done"] == kb.status["total"] == 3
+    assert kb.stats()["run_chunks"] == report.chunks
+    kb.index()   # nothing new: no chunk made in this run, and the KB's own count is not touched
+    assert kb.status["chunks"] == kb.stats()["run_chunks"] == 0 and kb.stats()["chunks"] == report.chunks
 
 
 def test_extra_sources_and_globs(tmp_path, docs):
