@@ -27,8 +27,11 @@ def assert_text_matches_lines(chunks, lines):
 
 # ---------------------------------------------------------------- Python code
 
+# The definitions found, one chunk each (pack_symbols=False); how small ones
+# then share chunks is tested under "packing small definitions".
+
 def test_python_symbols_and_line_ranges():
-    chunks = chunks_of("sample.py")
+    chunks = chunks_of("sample.py", pack_symbols=False)
     assert layout(chunks) == [
         ("", 1, 8),                          # module docstring, imports, constant
         ("retry", 11, 23),                   # nested functions stay inside
@@ -78,7 +81,7 @@ def test_python_syntax_error_falls_back_to_heuristic():
         "def after():\n    return 2\n"
     )
     doc = Document(src, "broken.py", "code", "broken.py", "python")
-    chunks = chunk_document(doc)
+    chunks = chunk_document(doc, pack_symbols=False)
     symbols = [c.symbol for c in chunks]
     assert "good" in symbols and "after" in symbols
     good = chunks[symbols.index("good")]
@@ -95,7 +98,7 @@ def test_python_defs_inside_top_level_if_and_try():
         "try:\n    import fast\nexcept ImportError:\n"
         "    def fast_sum(xs):\n        return sum(xs)\n"
     )
-    chunks = chunk_document(Document(src, "p.py", "code", "p.py", "python"))
+    chunks = chunk_document(Document(src, "p.py", "code", "p.py", "python"), pack_symbols=False)
     defs = [(c.symbol, c.line_start, c.line_end) for c in chunks if c.symbol]
     assert defs == [("path_sep", 4, 5), ("path_sep", 7, 8), ("fast_sum", 13, 14)]
     assert len({c.id for c in chunks}) == len(chunks)
@@ -104,7 +107,7 @@ def test_python_defs_inside_top_level_if_and_try():
 # ---------------------------------------------------------------- other languages
 
 def test_go_symbols_and_line_ranges():
-    chunks = chunks_of("server.go")
+    chunks = chunks_of("server.go", pack_symbols=False)
     assert layout(chunks) == [
         ("", 1, 7),                   # package and imports
         ("Server", 9, 13),            # doc comment attached
@@ -116,7 +119,7 @@ def test_go_symbols_and_line_ranges():
 
 
 def test_javascript_class_methods_and_functions():
-    chunks = chunks_of("widget.js")
+    chunks = chunks_of("widget.js", pack_symbols=False)
     assert layout(chunks) == [
         ("", 1, 4),
         ("Widget", 6, 9),             # JSDoc block attached to the class line
@@ -152,7 +155,7 @@ def test_javascript_class_methods_and_functions():
 ])
 def test_heuristic_languages(name, src, expected):
     (doc,) = extract(name, src.encode())
-    chunks = chunk_document(doc)
+    chunks = chunk_document(doc, pack_symbols=False)
     assert [(c.symbol, c.line_start, c.line_end) for c in chunks if c.symbol] == expected
     assert_text_matches_lines(chunks, src.split("\n"))
 
@@ -178,7 +181,7 @@ def test_big_yaml_keys_split_into_dotted_symbols():
 
 def test_decorated_class_starts_at_its_decorator():
     src = "import dataclasses\n\n\n@dataclasses.dataclass\nclass Point:\n    x: int = 0\n    y: int = 0\n"
-    chunks = chunk_document(Document(src, "p.py", "code", "p.py", "python"))
+    chunks = chunk_document(Document(src, "p.py", "code", "p.py", "python"), pack_symbols=False)
     assert layout(chunks) == [("", 1, 1), ("Point", 4, 7)]
 
 
@@ -205,34 +208,121 @@ def test_oversized_block_without_structure_is_split_by_lines():
     assert chunks[0].line_start == 1 and chunks[-1].line_end == src.count("\n")
 
 
+# ---------------------------------------------------------------- packing small definitions
+
+def stub_module(classes=6, methods=10, overloads=3, functions=40):
+    """A .pyi like numpy's __init__.pyi: classes of overloaded one-line stubs, then functions."""
+    out = ["from typing import Any, overload", ""]
+    for c in range(classes):
+        out.append("class Array%d:" % c)
+        for m in range(methods):
+            for o in range(overloads):
+                out += ["    @overload", "    def method_%d(self, key: Index%d, /) -> Array%d: ..." % (m, o, c)]
+        out.append("")
+    out += ["def function_%d(a: ArrayLike, b: int = ...) -> NDArray[Any]: ..." % f for f in range(functions)]
+    return "\n".join(out) + "\n"
+
+
+def names_in(unpacked, chunk):
+    return list(dict.fromkeys(u.symbol for u in unpacked
+                              if chunk.line_start <= u.line_start <= chunk.line_end and u.symbol))
+
+
+def test_small_stubs_share_chunks_of_up_to_chunk_size():
+    src = stub_module()
+    doc = Document(src, "stubs.pyi", "code", "stubs.pyi", "python")
+    lines = src.split("\n")
+    unpacked = chunk_document(doc, pack_symbols=False)
+    chunks = chunk_document(doc)
+    total = count_tokens(src)
+    assert len(unpacked) == 6 * (1 + 10 * 3) + 40 + 1          # one per stub: what numpy's .pyi got
+    assert total / 256 <= len(chunks) <= 1.5 * total / 256     # 25 from 227
+    assert all(count_tokens(c.text) <= 256 for c in chunks)
+    assert_text_matches_lines(chunks, lines)
+    # Every stub is in exactly one chunk, in order.
+    assert [u for u in unpacked if not any(c.line_start <= u.line_start <= u.line_end <= c.line_end
+                                           for c in chunks)] == []
+    assert all(a.line_end < b.line_start for a, b in zip(chunks, chunks[1:]))
+    # A chunk is named by the definitions it holds, and overloads of one method stay together.
+    for c in chunks:
+        names = names_in(unpacked, c)
+        assert c.symbol == ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        assert c.context == "stubs.pyi: " + c.symbol
+    seen = [n for c in chunks for n in names_in(unpacked, c) if n.count(".") == 1]
+    assert len(seen) == len(set(seen)) == 6 * 10
+
+
+def test_a_file_of_one_line_definitions_gives_about_its_size_in_chunks():
+    js = "".join("export function handler%d(req) { return route(req, %d); }\n" % (i, i) for i in range(300))
+    (doc,) = extract("handlers.js", js.encode())
+    chunks = chunk_document(doc, chunk_size=128)
+    total = count_tokens(js)
+    assert len(chunk_document(doc, chunk_size=128, pack_symbols=False)) == 300
+    assert total / 128 <= len(chunks) <= 1.25 * total / 128
+    assert all(count_tokens(c.text) <= 128 for c in chunks)
+    assert chunks[0].symbol == "handler0, handler1, handler2, handler3, handler4, handler5, ..."
+    assert chunks[0].line_start == 1 and chunks[-1].line_end == 300
+    assert all(b.line_start == a.line_end + 1 for a, b in zip(chunks, chunks[1:]))
+
+
+def test_a_definition_of_half_a_chunk_or_more_keeps_its_own_chunk():
+    body = "".join("    total += weight_%d * value_%d\n" % (i, i) for i in range(20))
+    src = ("def _solve_dispatcher(a, b):\n    return (a, b)\n\n\n"
+           "def solve(a, b):\n    total = 0\n" + body + "    return total\n\n\n"
+           "def _helper(x):\n    return x\n\n\n"
+           "def _other(y):\n    return y\n")
+    doc = Document(src, "m.py", "code", "m.py", "python")
+    assert 128 <= count_tokens("\n".join(src.split("\n")[4:27])) <= 256
+    assert layout(chunk_document(doc)) == [("_solve_dispatcher", 1, 2), ("solve", 5, 27), ("_helper, _other", 30, 35)]
+
+
+def test_packed_golden_files():
+    """The data/docs sources, packed at the default size: the layouts above, merged."""
+    assert layout(chunks_of("sample.py")) == [
+        ("retry, Config, Config.__init__, Config.load, Config.size", 1, 46),
+        ("Config.Error, Config.Error.describe, fetch", 48, 60),
+    ]
+    assert layout(chunks_of("server.go")) == [("Server, NewServer, Server.Handle, Server.String", 1, 31)]
+    assert layout(chunks_of("widget.js")) == [
+        ("Widget, Widget.constructor, Widget.draw, Widget.fromJSON, makeWidgets, sumSizes", 1, 35)]
+    for name in ("sample.py", "server.go", "widget.js"):
+        assert_text_matches_lines(chunks_of(name), source_lines(name))
+
+
 # ---------------------------------------------------------------- stable ids
 
-def test_ids_are_stable_and_only_edited_chunk_changes():
+@pytest.mark.parametrize("packed, edited_chunk", [
+    (False, "Config.size"), (True, "retry, Config, Config.__init__, Config.load, Config.size")])
+def test_ids_are_stable_and_only_edited_chunk_changes(packed, edited_chunk):
     original = read("sample.py").decode()
-    first = chunk_document(extract("sample.py", original.encode())[0])
-    again = chunk_document(extract("sample.py", original.encode())[0])
+    first = chunk_document(extract("sample.py", original.encode())[0], pack_symbols=packed)
+    again = chunk_document(extract("sample.py", original.encode())[0], pack_symbols=packed)
     assert [c.id for c in first] == [c.id for c in again]
-    assert len({c.id for c in first}) == len(first)
+    assert len({c.id for c in first}) == len(first) > 1
 
-    edited = original.replace("        return len(self.values)", "        return len(self.values) + 0")
+    # The same size: packed chunks keep their boundaries (an edit that grows a
+    # chunk past chunk_size may move one, and so change a neighbour's id too).
+    edited = original.replace("        return len(self.values)", "        return len(self.entries)")
     assert edited != original
-    after = chunk_document(extract("sample.py", edited.encode())[0])
+    after = chunk_document(extract("sample.py", edited.encode())[0], pack_symbols=packed)
     assert layout(after) == layout(first)
     changed = [b.symbol for b, a in zip(first, after) if b.id != a.id]
-    assert changed == ["Config.size"]
+    assert changed == [edited_chunk]
 
 
 def test_ids_survive_line_shifts_and_depend_on_source():
     original = read("sample.py").decode()
     shifted = original.replace("import os\n", "import os\nimport sys\n\n\n")
-    a = {c.symbol: c for c in chunk_document(extract("sample.py", original.encode())[0])}
-    b = {c.symbol: c for c in chunk_document(extract("sample.py", shifted.encode())[0])}
+
+    def chunks(text, name="sample.py"):
+        return chunk_document(extract(name, text.encode())[0], pack_symbols=False)
+
+    a = {c.symbol: c for c in chunks(original)}
+    b = {c.symbol: c for c in chunks(shifted)}
     assert a["Config.load"].id == b["Config.load"].id
     assert a["Config.load"].line_start + 3 == b["Config.load"].line_start
-    head_a = chunk_document(extract("sample.py", original.encode())[0])[0]
-    head_b = chunk_document(extract("sample.py", shifted.encode())[0])[0]
-    assert head_a.id != head_b.id   # the import block itself changed
-    moved = {c.symbol: c for c in chunk_document(extract("lib/sample.py", original.encode())[0])}
+    assert chunks(original)[0].id != chunks(shifted)[0].id   # the import block itself changed
+    moved = {c.symbol: c for c in chunks(original, "lib/sample.py")}
     assert moved["Config.load"].id != a["Config.load"].id
 
 
@@ -364,7 +454,8 @@ def test_crlf_and_bom_line_numbers():
     src = "\ufeffdef a():\r\n    return 1\r\n\r\n\r\ndef b():\r\n    return 2\r\n"
     (doc,) = extract("m.py", src.encode("utf-8"))
     assert "\r" not in doc.text and not doc.text.startswith("\ufeff")
-    assert layout(chunk_document(doc)) == [("a", 1, 2), ("b", 5, 6)]
+    assert layout(chunk_document(doc, pack_symbols=False)) == [("a", 1, 2), ("b", 5, 6)]
+    assert layout(chunk_document(doc)) == [("a, b", 1, 6)]
 
 
 def test_bad_parameters():
