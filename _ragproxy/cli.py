@@ -124,75 +124,144 @@ def _show_secret(message, *args):
             handler.handle(record)
 
 
-def _parse_args(argv):
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+# Exit statuses (the README lists them): what a script running these commands can tell apart.
+EXIT_OK = 0
+EXIT_ERROR = 1      # a command failed: a store, file or embedding server error
+EXIT_USAGE = 2      # the command cannot run as given: arguments (argparse's own 2), config, data directory
+EXIT_DEFERRED = 3   # index finished, but files were deferred (an embedding server failing); retried next run
+EXIT_NO_SOURCE = 4  # index finished, but a knowledge base has no readable source at all: nothing to index
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser():
+    """The argument parser of every command; each argument and subcommand has help text (a test walks it)."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", default=argparse.SUPPRESS, help="data directory (RAGPROXY_DATA_DIR, ./data)")
+    common.add_argument("--data-dir", default=argparse.SUPPRESS,
+                        help="data directory (RAGPROXY_DATA_DIR, default ./data); made by serve and mcp, and "
+                             "by index or import given a --config; search and kb need one that exists")
     common.add_argument("--config", default=argparse.SUPPRESS,
-                        help="config file (RAGPROXY_CONFIG, DATA_DIR/config/config.yaml)")
-    common.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper,
-                        choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="RAGPROXY_LOG_LEVEL, INFO")
+                        help="config file (RAGPROXY_CONFIG, default DATA_DIR/config/config.yaml)")
+    common.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=LOG_LEVELS,
+                        help="log level on stderr and in DATA_DIR/logs (RAGPROXY_LOG_LEVEL, server.log_level, "
+                             "default INFO)")
     listen = argparse.ArgumentParser(add_help=False)
     listen.add_argument("--host", default=argparse.SUPPRESS, help="listen address (RAGPROXY_HOST, 127.0.0.1)")
     listen.add_argument("--port", type=int, default=argparse.SUPPRESS, help="listen port (RAGPROXY_PORT, 8100)")
-    parser = argparse.ArgumentParser(prog="ragproxy", parents=[common, listen],
-                                     description="Local knowledge-base proxy for LLM tools.")
+    parser = argparse.ArgumentParser(
+        prog="ragproxy", parents=[common, listen], description="Local knowledge-base proxy for LLM tools.",
+        epilog="exit status: 0 done; 1 a command failed; 2 bad arguments, config or data directory; "
+               "3 index deferred files (retried next run); 4 a knowledge base has no readable source")
     parser.add_argument("--version", action="store_true", help="print version and active accelerators")
-    sub = parser.add_subparsers(dest="command")
-    sub.add_parser("serve", parents=[common, listen], help="run the proxy (the default)")
-    p = sub.add_parser("index", parents=[common], help="bring a knowledge base up to date")
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND",
+                                help="what to do (default: serve)")
+    sub.add_parser("serve", parents=[common, listen], help="run the proxy (the default)",
+                   description="Run the proxy, its admin panel and the background indexer.")
+    p = sub.add_parser("index", parents=[common], help="bring a knowledge base up to date",
+                       description="Index added and changed files; progress on stderr, a summary on stdout. "
+                                   "Exit status 3 when files were deferred (retried next run), 4 when a "
+                                   "knowledge base has no readable source.")
     p.add_argument("kb", nargs="?", help="knowledge base (default: all)")
     p.add_argument("--full", action="store_true", help="re-read every file, not only changed ones")
-    p = sub.add_parser("search", parents=[common], help="search a knowledge base")
-    p.add_argument("kb")
-    p.add_argument("query")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--mode", choices=("lexical", "dense", "hybrid"), default=None)
+    p = sub.add_parser("search", parents=[common], help="search a knowledge base",
+                       description="Search one knowledge base and print the ranked hits (no model, no rerank).")
+    p.add_argument("kb", help="knowledge base to search")
+    p.add_argument("query", help="what to search for (not empty)")
+    p.add_argument("--top-k", type=_positive_int, default=None, metavar="N",
+                   help="number of hits, at least 1 (default: rag.top_k)")
+    p.add_argument("--mode", choices=("lexical", "dense", "hybrid"), default=None,
+                   help="retrieval mode (default: the knowledge base's own)")
     p.add_argument("--json", action="store_true", help="one JSON object per hit")
-    p = sub.add_parser("kb", parents=[common], help="knowledge base information")
-    p.add_argument("action", choices=("list",))
-    p = sub.add_parser("import", parents=[common], help="add a BEIR-style JSONL corpus to a knowledge base")
-    p.add_argument("kb")
+    p = sub.add_parser("kb", parents=[common], help="knowledge base information",
+                       description="List the knowledge bases: chunks, files, size, last indexed, source "
+                                   "warnings and the files the last index run skipped.")
+    p.add_argument("action", choices=("list",), help="list: one row per knowledge base")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON list, an object per knowledge base, with its sources and skipped files")
+    p = sub.add_parser("import", parents=[common], help="add a BEIR-style JSONL corpus to a knowledge base",
+                       description="Copy a corpus into the knowledge base's documents folder, then index it.")
+    p.add_argument("kb", help="knowledge base to add it to")
     p.add_argument("corpus", help="a .jsonl file of {_id, title, text} lines")
-    p = sub.add_parser("mcp", parents=[common], help="serve the knowledge bases as MCP tools to one local client")
+    p = sub.add_parser("mcp", parents=[common], help="serve the knowledge bases as MCP tools to one local client",
+                       description="Serve the knowledge bases as MCP tools on stdin and stdout.")
     p.add_argument("--stdio", action="store_true",
                    help="on stdin and stdout, for clients that launch their servers (serve has the HTTP "
                         "endpoint, /mcp)")
-    return parser.parse_args(argv)
+    return parser
+
+
+# Commands that only read a data directory: they create nothing, so a mistyped --data-dir is an error
+# rather than a fresh data directory with a new API key.
+_READ_ONLY = ("search", "kb")
+# Commands that fill a knowledge base: on a data directory that does not exist, only when a config
+# file (named on purpose) says what to index.  serve and mcp --stdio start a new one, as a first start.
+_INDEXING = ("index", "import")
 
 
 def _load_settings(opt, environ):
-    """Data dir, config path and CLI/env overrides; creates the data dir and a default config."""
+    """Data dir, config path and CLI/env overrides; creates the data dir and a default config.
+
+    ``serve`` and ``mcp`` create a missing data directory (a first start);
+    ``index`` and ``import`` do when given a config file (it says what to
+    index), and the read-only commands never do.
+    """
     from .config import Config, ConfigError, write_default_config
     from .yamlish import YAMLError
 
+    command = opt.get("command") or "serve"
     data_dir = opt.get("data_dir") or environ.get("RAGPROXY_DATA_DIR") or "./data"
-    config_path = opt.get("config") or environ.get("RAGPROXY_CONFIG") or \
-        os.path.join(data_dir, "config", "config.yaml")
+    explicit_config = opt.get("config") or environ.get("RAGPROXY_CONFIG")
+    config_path = explicit_config or os.path.join(data_dir, "config", "config.yaml")
     port = opt.get("port")
     if port is None and environ.get("RAGPROXY_PORT"):
         try:
             port = int(environ["RAGPROXY_PORT"])
         except ValueError:
             raise _CLIError(f"RAGPROXY_PORT must be a number, got {environ['RAGPROXY_PORT']!r}") from None
+    level = opt.get("log_level") or (environ.get("RAGPROXY_LOG_LEVEL") or "").upper() or None
+    if level is not None and level not in LOG_LEVELS:
+        raise _CLIError(f"RAGPROXY_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, "
+                        f"got {environ['RAGPROXY_LOG_LEVEL']!r}")
     overrides = {"server.host": opt.get("host") or environ.get("RAGPROXY_HOST"), "server.port": port,
-                 "server.log_level": opt.get("log_level") or (environ.get("RAGPROXY_LOG_LEVEL") or "").upper()
-                 or None}
-    try:
-        _prepare_data_dir(data_dir)
-    except OSError as exc:
-        raise _CLIError(f"cannot create data directory {data_dir}: {exc}") from None
-    serving = (opt.get("command") or "serve") == "serve"
-    _setup_logging(overrides["server.log_level"] or "INFO", os.path.join(data_dir, "logs"), serving)
+                 "server.log_level": level}
+    if not os.path.isdir(data_dir) and (command in _READ_ONLY or (command in _INDEXING and not explicit_config)):
+        hint = "a config file with --config to create it" if command in _INDEXING else \
+            "'ragproxy.py serve' or 'ragproxy.py index --config FILE' to create one"
+        raise _CLIError(f"data directory {data_dir} does not exist (check --data-dir and RAGPROXY_DATA_DIR, "
+                        f"or use {hint}); nothing was created")
+    if command in _READ_ONLY:
+        if not os.path.exists(config_path):
+            raise _CLIError(f"no config file {config_path} (check --data-dir and --config; 'ragproxy.py serve' "
+                            "writes a default one); nothing was created")
+    else:
+        try:
+            _prepare_data_dir(data_dir)
+        except OSError as exc:
+            raise _CLIError(f"cannot create data directory {data_dir}: {exc}") from None
+    serving = command == "serve"
+    logs_dir = os.path.join(data_dir, "logs")
+    logs_dir = logs_dir if os.path.isdir(logs_dir) else None
+    _setup_logging(level or "INFO", logs_dir, serving)
     created_key = None
     if not os.path.exists(config_path):
-        if opt.get("config") or environ.get("RAGPROXY_CONFIG"):
+        if explicit_config:
             raise _CLIError(f"config file {config_path} does not exist")
         created_key = write_default_config(config_path)
     try:
         config = Config.load(config_path, environ=environ, overrides=overrides)
     except (ConfigError, YAMLError) as exc:
         raise _CLIError(f"invalid configuration, not starting:\n{exc}") from None
-    _setup_logging(config.server["log_level"], os.path.join(data_dir, "logs"), serving)
+    _setup_logging(config.server["log_level"], logs_dir, serving)
     if created_key:
         _log().info("wrote a default config to %s with a new client key in api_keys (shown on the terminal "
                     "only)", config_path)
@@ -201,18 +270,19 @@ def _load_settings(opt, environ):
 
 
 class _CLIError(Exception):
-    """A problem the user can fix; printed without a traceback, exit status 2."""
+    """A problem the user can fix; printed without a traceback, exit status 2 (EXIT_USAGE)."""
 
 
 def main(argv=None, environ=None):
     """Entry point of ``python ragproxy.py``; returns the exit status."""
     environ = os.environ if environ is None else environ
-    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.version:
         print(version_text())
         return 0
     opt = vars(args)
     command = args.command or "serve"
+    _setup_logging("INFO")  # to stderr, for what goes wrong before the config says more
     try:
         channel = None
         if command == "mcp":
@@ -234,12 +304,12 @@ def main(argv=None, environ=None):
         # config error lists one problem per line.
         for line in str(exc).splitlines() or [""]:
             _log().error("%s", line)
-        return 2
+        return EXIT_USAGE
     except Exception as exc:
         if not isinstance(exc, _reported_errors()):
             raise
         _log().error("%s: %s", command, exc)
-        return 1
+        return EXIT_ERROR
 
 
 def _reported_errors():
@@ -261,35 +331,106 @@ def _kb_or_fail(kbs, name):
     return kb
 
 
-def _cmd_index(args, kbs):
-    import time
+def _duration(seconds):
+    if seconds < 59.5:
+        return f"{round(seconds)}s"
+    if seconds < 3570:
+        seconds = round(seconds)
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m"
 
+
+class IndexProgress:
+    """``index``'s progress callback: files done/total, chunks so far, files/s and an ETA on ``stream``.
+
+    On a terminal it is one line redrawn in place (at most every ``redraw``
+    seconds); elsewhere (a log file, CI) a line when the run starts, then
+    every ``every`` seconds and at the last file, never one per file.  The
+    chunk count is read from the knowledge base's ``status`` as the run
+    goes; ``clock`` is injectable so the rate and ETA can be tested.
+    """
+
+    def __init__(self, name, stream, interactive, status=None, clock=None, every=10.0, redraw=0.2):
+        import time
+
+        self.name, self.stream, self.interactive = name, stream, interactive
+        self.status = status if status is not None else {}
+        self.clock = clock or time.monotonic
+        self.every, self.redraw = every, redraw
+        self.started = self.clock()
+        self.last = None
+        self.width = 0
+        self.open_line = False  # a terminal line not yet ended with a newline
+
+    def __call__(self, done, total, source):
+        now = self.clock()
+        final = done >= total
+        if self.last is not None and not final and now - self.last < (self.redraw if self.interactive else self.every):
+            return
+        self.last = now
+        line = self.line(done, total, now)
+        if self.interactive:
+            # Spaces over what a longer previous line left behind; no terminal escapes needed.
+            self.stream.write("\r" + line + " " * max(0, self.width - len(line)) + ("\n" if final else ""))
+            self.width, self.open_line = len(line), not final
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def line(self, done, total, now):
+        parts = [f"[{self.name}] {done}/{total} files ({100 * done // max(total, 1)}%)"]
+        if self.status.get("chunks") is not None:
+            parts.append(f"{self.status['chunks']} chunks")
+        elapsed = now - self.started
+        if elapsed >= 1.0 and done:   # a rate over less than a second says little
+            rate = done / elapsed
+            parts.append(f"{rate:.1f} files/s" if rate < 100 else f"{rate:.0f} files/s")
+            parts.append(f"ETA {_duration((total - done) / rate)}" if done < total else f"{_duration(elapsed)} so far")
+        return ", ".join(parts)
+
+    def close(self):
+        """End a terminal line left open by a run that stopped early, so what follows starts on its own line."""
+        if self.open_line:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open_line = False
+
+
+def _cmd_index(args, kbs):
     targets = [_kb_or_fail(kbs, args.kb)] if args.kb else list(kbs.kbs.values())
     interactive = sys.stderr.isatty()
+    status = EXIT_OK
     for kb in targets:
-        last = [0.0]
-
-        def progress(done, total, source, kb=kb):
-            now = time.monotonic()
-            if now - last[0] >= 0.5 or done == total:
-                last[0] = now
-                end = "\r" if interactive and done < total else "\n"
-                sys.stderr.write(f"[{kb.spec.name}] {done}/{total} files{end}")
-                sys.stderr.flush()
-
-        report = kb.index(full=args.full, progress=progress)
+        progress = IndexProgress(kb.spec.name, sys.stderr, interactive, kb.status)
+        try:
+            report = kb.index(full=args.full, progress=progress)
+        finally:
+            progress.close()
         print(report.summary())
         for source, reason in report.skipped:
             print(f"  skipped {source}: {reason}")
         for source, reason in report.deferred:
             print(f"  deferred {source}: {reason}")
-    return 0
+        # The indexer has logged each source problem as it found it; what is left is the verdict.
+        if kb.readable_source_count() == 0:
+            _log().error("%s: no readable source, nothing was indexed (kb list shows each source's state)",
+                         kb.spec.name)
+            status = max(status, EXIT_NO_SOURCE)
+        elif report.deferred:
+            _log().error("%s: %d files deferred; the next index run retries them", kb.spec.name,
+                         len(report.deferred))
+            status = max(status, EXIT_DEFERRED)
+    return status
 
 
 def _cmd_search(args, kbs):
     import json
 
     kb = _kb_or_fail(kbs, args.kb)
+    if not args.query.strip():
+        raise _CLIError("search: the query is empty; give the words to search for, e.g. "
+                        f"ragproxy.py search {args.kb} \"retry policy\"")
     hits = kb.search(args.query, args.top_k or kbs.config.rag["top_k"], mode=args.mode)
     for rank, hit in enumerate(hits, 1):
         c = hit.chunk
@@ -307,26 +448,48 @@ def _cmd_search(args, kbs):
                 print(f"    {label}")
     if not hits and not args.json:
         print("no match")
-    return 0
+    return EXIT_OK
+
+
+def _utc(timestamp):
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp)) if timestamp else None
+
+
+def _kb_list_entry(kb):
+    """One knowledge base as ``kb list --json`` shows it (the README lists the keys)."""
+    stats = kb.stats()
+    return {"name": stats["name"], "retrieval": stats["retrieval"], "files": stats["files"],
+            "chunks": stats["chunks"], "bytes": stats["bytes"], "generation": stats["generation"],
+            "last_indexed": _utc(stats["last_indexed"]), "sources": stats["sources"],
+            "warnings": stats["warnings"], "skipped": stats["skipped"], "deferred": stats["deferred"]}
 
 
 def _cmd_kb(args, kbs):
-    import time
+    import json
 
     from .files import human_size
 
-    rows = [("name", "retrieval", "chunks", "files", "size", "last indexed")]
-    for name in sorted(kbs.kbs):
-        stats = kbs.kbs[name].stats()
-        generation = kbs.kbs[name].store.current()
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.stat(generation.dir).st_mtime)) \
-            if generation else "never"
-        rows.append((name, stats["retrieval"], str(stats["chunks"]), str(stats["files"]),
-                     human_size(stats["bytes"]), when))
+    entries = [_kb_list_entry(kbs.kbs[name]) for name in sorted(kbs.kbs)]
+    if args.json:
+        print(json.dumps(entries, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    rows = [("name", "retrieval", "chunks", "files", "size", "last indexed (UTC)")]
+    for e in entries:
+        rows.append((e["name"], e["retrieval"], str(e["chunks"]), str(e["files"]), human_size(e["bytes"]),
+                     (e["last_indexed"] or "never").replace("T", " ").rstrip("Z")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    return 0
+    for e in entries:
+        for warning in e["warnings"]:
+            print(f"{e['name']}: warning: {warning}")
+        for key, then in (("skipped", ""), ("deferred", ", to be retried next run")):
+            if e[key]:
+                print(f"{e['name']}: {len(e[key])} file{'s' if len(e[key]) != 1 else ''} {key} by the last "
+                      f"index run{then} (kb list --json names them and why)")
+    return EXIT_OK
 
 
 def _cmd_import(args, kbs):

@@ -1,10 +1,15 @@
-"""The command line, run as users run it: a subprocess of ragproxy.py or the .pyz.
+"""The command line, run as users run it: a subprocess of ragproxy.py or the .pyz, or main([...]) in-process.
 
 Smoke checks run for the plain file and the built zipapp, in accelerated and
 pure mode: first start creates the data directory, a chat completion goes
-through, SIGHUP reloads, SIGTERM stops cleanly.
+through, SIGHUP reloads, SIGTERM stops cleanly.  The one-shot commands
+(index, search, kb list) are driven in-process through ragproxy.main with
+captured output, and as subprocesses where the exit status or the terminal
+matters.
 """
+import io
 import json
+import logging
 import os
 import re
 import signal
@@ -17,6 +22,8 @@ import urllib.request
 
 import pytest
 
+import ragproxy
+from _ragproxy.cli import IndexProgress, build_parser
 from conftest import API_KEY, proxy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -186,6 +193,8 @@ def test_python_dash_m_ragproxy_runs_the_same_command_line(tmp_path):
     module = subprocess.run([sys.executable, "-m", "ragproxy", "--version"], stdout=subprocess.PIPE, cwd=ROOT,
                             env=_env(False), universal_newlines=True, check=True).stdout
     assert module == script and module.startswith("ragproxy ")
+    (tmp_path / "d" / "config").mkdir(parents=True)   # search needs a data directory: it creates none
+    ragproxy.write_default_config(str(tmp_path / "d" / "config" / "config.yaml"))
     search = subprocess.run([sys.executable, "-m", "ragproxy", "search", "docs", "anything", "--data-dir",
                              str(tmp_path / "d")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                             env=_env(False), universal_newlines=True, timeout=60)
@@ -306,3 +315,330 @@ def test_first_start_shows_the_keys_on_the_terminal_only_and_keeps_the_files_pri
     assert "listening on" in logged and api_key not in logged and panel_key not in logged
     for path in (config, secret, log_file):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+# -- the one-shot commands, in-process ------------------------------------------
+
+@pytest.fixture
+def cli(capsys):
+    """``run(*argv, env={})``: ``(exit status, stdout, stderr)`` of ragproxy.main, as ``sys.exit(main())`` sees it.
+
+    main() points the ragproxy logger at this test's stderr (and a log file);
+    the logger is put back afterwards so later tests' caplog still sees records.
+    """
+    logger = logging.getLogger("ragproxy")
+    saved = list(logger.handlers), logger.level, logger.propagate
+
+    def run(*argv, env=None):
+        try:
+            status = ragproxy.main([str(a) for a in argv], environ=dict(env or {}))
+        except SystemExit as exc:   # argparse: --help and usage errors
+            status = exc.code
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    yield run
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    for handler in saved[0]:
+        logger.addHandler(handler)
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
+
+
+def _data_dir(tmp_path, kb="{retrieval: lexical}", extra=""):
+    """A data directory with a config (one lexical KB ``docs``) and its documents folder; its path."""
+    data = tmp_path / "data"
+    (data / "config").mkdir(parents=True)
+    (data / "documents" / "docs").mkdir(parents=True)
+    (data / "config" / "config.yaml").write_text(
+        f"api_keys: [{API_KEY}]\nproviders:\n  llm:\n    o: {{type: ollama, base_url: 'http://127.0.0.1:9'}}\n"
+        f"{extra}models:\n  - {{name: '*', upstream: o, kb: [docs]}}\nknowledge_bases:\n  docs: {kb}\n")
+    return data
+
+
+def _docs(data, count=3):
+    for i in range(count):
+        (data / "documents" / "docs" / f"note{i}.md").write_text(f"# Note {i}\n\nRetry uploads {i} times.\n")
+
+
+def test_top_k_must_be_a_positive_number(cli, tmp_path):
+    data = _data_dir(tmp_path)
+    _docs(data)
+    assert cli("index", "--data-dir", data)[0] == 0
+    for bad, says in (("0", "must be at least 1, got 0"), ("-3", "must be at least 1, got -3"),
+                      ("two", "expected a whole number of at least 1, got 'two'")):
+        status, out, err = cli("search", "docs", "retry", "--top-k", bad, "--data-dir", data)
+        assert (status, out) == (2, ""), (bad, err)
+        assert "argument --top-k: " + says in err
+    status, out, _ = cli("search", "docs", "retry", "--top-k", "2", "--data-dir", data)
+    assert status == 0 and [line[:3] for line in out.splitlines() if line[:3].strip().endswith(".")] == \
+        [" 1.", " 2."]
+
+
+@pytest.mark.parametrize("query", ["", "   ", "\t\n"])
+def test_an_empty_query_is_an_error(cli, tmp_path, query):
+    data = _data_dir(tmp_path)
+    _docs(data)
+    assert cli("index", "--data-dir", data)[0] == 0
+    status, out, err = cli("search", "docs", query, "--data-dir", data)
+    assert (status, out) == (2, "")
+    assert "the query is empty" in err and "Traceback" not in err
+
+
+def test_index_exits_3_when_files_were_deferred(cli, tmp_path, fake):
+    data = _data_dir(tmp_path, kb="{retrieval: dense, embedding: em}",
+                     extra=f"  embedding:\n    em: {{type: openai, base_url: '{fake.url}/v1', model: emb}}\n")
+    _docs(data, 2)
+    fake.fail_next(503, path="/v1/embeddings", count=50)
+    status, out, err = cli("index", "--data-dir", data)
+    assert status == 3, err
+    assert "2 deferred" in out and "deferred docs/note0.md" in out
+    assert "docs: 2 files deferred; the next index run retries them" in err
+    assert "docs: 2 files deferred by the last index run, to be retried next run (kb list --json names them " \
+        "and why)" in cli("kb", "list", "--data-dir", data)[1]
+    (entry,) = json.loads(cli("kb", "list", "--json", "--data-dir", data)[1])
+    assert [d["file"] for d in entry["deferred"]] == ["docs/note0.md", "docs/note1.md"]
+    assert all("503" in d["reason"] for d in entry["deferred"])
+    fake.reset_faults()
+    status, out, _ = cli("index", "--data-dir", data)
+    assert status == 0 and "2 added" in out and "0 deferred" in out
+
+
+def test_index_exits_4_when_a_knowledge_base_has_no_readable_source(cli, tmp_path):
+    missing = tmp_path / "does-not-exist"
+    data = _data_dir(tmp_path, kb=f"{{retrieval: lexical, sources: ['{missing}']}}")
+    status, out, err = cli("index", "--data-dir", data)
+    assert status == 4, err
+    assert "0 added" in out and f"WARNING kb docs: source '{missing}' does not exist" in err
+    assert "ERROR docs: no readable source, nothing was indexed" in err
+    # One readable source is enough: the missing one is still a warning, but the run did its job.
+    _docs(data, 1)
+    status, out, err = cli("index", "--data-dir", data)
+    assert status == 0 and "1 added" in out and str(missing) in err and "ERROR" not in err
+
+
+def test_exit_statuses_of_a_real_process(tmp_path):
+    """As a script sees them: 0, 2 (usage), 4 (no readable source), from ``python ragproxy.py``."""
+    data = _data_dir(tmp_path)
+
+    def run(*argv):
+        return subprocess.run([sys.executable, SCRIPT, *argv, "--data-dir", str(data)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, universal_newlines=True, env=_env(False), timeout=60)
+
+    assert run("index").returncode == 4          # the documents folder is empty
+    _docs(data, 1)
+    assert run("index").returncode == 0
+    assert run("search", "docs", "").returncode == 2
+    assert run("search", "docs", "retry", "--top-k", "0").returncode == 2
+    assert run("search", "docs", "retry").returncode == 0
+
+
+def _actions(parser, where=("ragproxy",)):
+    """``(command path, action)`` for every argument of ``parser`` and its subcommands."""
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            choices = {a.dest: a for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield where + (name,), choices.get(name)   # the subcommand itself, as listed in its parent
+                yield from _actions(sub, where + (name,))
+        yield where, action
+
+
+def test_every_argument_and_subcommand_has_help(cli):
+    parser = build_parser()
+    missing = [(" ".join(where), getattr(a, "option_strings", None) or getattr(a, "dest", None))
+               for where, a in _actions(parser) if a is None or not (a.help or "").strip()]
+    assert missing == []
+    # And --help shows each one with that text.
+    subcommands = [name for name in parser._subparsers._group_actions[0].choices]
+    assert subcommands == ["serve", "index", "search", "kb", "import", "mcp"]
+    status, out, _ = cli("--help")
+    assert status == 0 and all(name in out for name in subcommands) and "exit status" in out
+    for name in subcommands:
+        status, out, _ = cli(name, "--help")
+        assert status == 0, name
+        text = " ".join(out.split())
+        sub = parser._subparsers._group_actions[0].choices[name]
+        for action in sub._actions:
+            words = " ".join(action.help.split())
+            assert words.split("(")[0].strip() in text, (name, action.dest)
+    assert "--top-k N" in cli("search", "--help")[1]
+
+
+def test_unknown_log_levels_list_the_valid_ones(cli, tmp_path):
+    data = _data_dir(tmp_path)
+    status, _, err = cli("kb", "list", "--log-level", "verbose", "--data-dir", data)
+    assert status == 2 and "invalid choice: 'VERBOSE' (choose from 'DEBUG', 'INFO', 'WARNING', 'ERROR')" in err
+    status, out, err = cli("kb", "list", "--data-dir", data, env={"RAGPROXY_LOG_LEVEL": "verbose"})
+    assert (status, out) == (2, "")
+    assert "RAGPROXY_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, got 'verbose'" in err
+    assert "Traceback" not in err
+    assert cli("kb", "list", "--data-dir", data, env={"RAGPROXY_LOG_LEVEL": "warning"})[0] == 0
+
+
+def test_config_errors_are_reported_in_file_order(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("server:\n  port: x\n  prot: 1\nrag:\n  top_k: 0\n"
+                      "providers:\n  llm:\n    o: {type: ollama, base_url: 'http://127.0.0.1:9'}\n"
+                      "models:\n  - {name: '*', upstream: nowhere}\nbogus: 1\n")
+    p = subprocess.run([sys.executable, SCRIPT, "kb", "list", "--data-dir", str(tmp_path), "--config", str(config)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, env=_env(False),
+                       timeout=30)
+    assert p.returncode == 2
+    lines = [line.split("c.yaml:", 1)[1].split(":", 1)[0] for line in p.stderr.splitlines() if "c.yaml:" in line]
+    assert lines == ["2", "3", "5", "10", "11"], p.stderr
+
+
+@pytest.mark.parametrize("argv", [["search", "docs", "retry"], ["kb", "list"], ["kb", "list", "--json"],
+                                  ["index"], ["import", "docs", "corpus.jsonl"]])
+def test_a_data_directory_that_does_not_exist_is_an_error_and_nothing_is_created(cli, tmp_path, argv):
+    typo = tmp_path / "dta"
+    status, out, err = cli(*argv, "--data-dir", typo)
+    assert (status, out) == (2, ""), err
+    assert f"data directory {typo} does not exist" in err and "nothing was created" in err
+    assert not typo.exists() and os.listdir(str(tmp_path)) == []
+
+
+def test_read_only_commands_write_no_config_into_a_data_directory_without_one(cli, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for argv in (["search", "docs", "retry"], ["kb", "list"]):
+        status, out, err = cli(*argv, "--data-dir", bare)
+        assert (status, out) == (2, "") and "no config file" in err and "API key" not in err
+    assert os.listdir(str(bare)) == []
+
+
+def test_index_with_a_config_may_start_a_new_data_directory(cli, tmp_path):
+    docs = tmp_path / "handbook"
+    docs.mkdir()
+    (docs / "retry.md").write_text("# Retries\n\nRetry uploads with a backoff.\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"api_keys: [{API_KEY}]\nproviders:\n  llm:\n    o: {{type: ollama, base_url: 'http://h:1'}}\n"
+                      f"models:\n  - {{name: '*', upstream: o, kb: [hb]}}\nknowledge_bases:\n"
+                      f"  hb: {{retrieval: lexical, sources: ['{docs}']}}\n")
+    status, out, err = cli("index", "--data-dir", tmp_path / "new", "--config", config)
+    assert status == 0 and "1 added" in out, err
+    assert "API key" not in err and not (tmp_path / "new" / "config" / "config.yaml").exists()
+    status, out, _ = cli("search", "hb", "backoff", "--data-dir", tmp_path / "new", "--config", config)
+    assert status == 0 and "handbook/retry.md" in out
+
+
+def test_kb_list_json_lists_sources_warnings_and_skipped_files(cli, tmp_path):
+    missing = tmp_path / "srv" / "does-not-exist"
+    data = _data_dir(tmp_path, kb=f"{{retrieval: lexical, max_file_bytes: 200, sources: ['{missing}']}}")
+    _docs(data, 2)
+    (data / "documents" / "docs" / "big.md").write_text("# Big\n\n" + "words " * 100)
+    assert cli("index", "--data-dir", data)[0] == 0
+    status, out, _ = cli("kb", "list", "--json", "--data-dir", data)
+    assert status == 0
+    (entry,) = json.loads(out)   # a list: one object per knowledge base
+    assert {k: entry[k] for k in ("name", "retrieval", "files", "chunks")} == \
+        {"name": "docs", "retrieval": "lexical", "files": 2, "chunks": 2}
+    assert entry["generation"] and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", entry["last_indexed"])
+    assert abs(time.mktime(time.strptime(entry["last_indexed"], "%Y-%m-%dT%H:%M:%SZ")) - time.mktime(
+        time.gmtime())) < 600
+    states = {s["kind"]: (s["state"], s["path"]) for s in entry["sources"]}
+    assert states == {"documents": ("ok", str(data / "documents" / "docs")), "source": ("missing", str(missing))}
+    assert [w for w in entry["warnings"] if str(missing) in w]
+    assert [(s["file"], bool(s["reason"])) for s in entry["skipped"]] == [("docs/big.md", True)]
+    assert entry["deferred"] == []
+    # The table says the same in one line each.
+    status, out, _ = cli("kb", "list", "--data-dir", data)
+    lines = out.splitlines()
+    assert status == 0 and lines[0].split()[:5] == ["name", "retrieval", "chunks", "files", "size"]
+    assert lines[1].split()[:4] == ["docs", "lexical", "2", "2"]
+    assert [line for line in lines if line.startswith("docs: warning: ") and str(missing) in line]
+    assert "docs: 1 file skipped by the last index run (kb list --json names them and why)" in lines
+
+
+def test_kb_list_json_of_a_knowledge_base_never_indexed(cli, tmp_path):
+    data = _data_dir(tmp_path)
+    status, out, _ = cli("kb", "list", "--json", "--data-dir", data)
+    (entry,) = json.loads(out)
+    assert status == 0 and (entry["last_indexed"], entry["generation"], entry["chunks"]) == (None, None, 0)
+    assert cli("kb", "list", "--data-dir", data)[1].splitlines()[1].split()[-1] == "never"
+
+
+# -- progress ------------------------------------------------------------------
+
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_progress_off_a_terminal_is_a_line_every_few_seconds_with_rate_and_eta():
+    clock, out, status = _Clock(), io.StringIO(), {"chunks": 0}
+    progress = IndexProgress("docs", out, False, status, clock=clock, every=10.0)
+    for n in range(1, 1001):   # 16 files a second (a step binary fractions hold exactly) for 62.5 s
+        status["chunks"] = 3 * n
+        progress(n, 1000, f"docs/f{n}.md")
+        clock.now += 0.0625
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert lines[0] == "[docs] 1/1000 files (0%), 3 chunks"   # at once, but no rate from one file
+    assert lines[1] == "[docs] 161/1000 files (16%), 483 chunks, 16.1 files/s, ETA 52s"
+    assert lines[-1] == "[docs] 1000/1000 files (100%), 3000 chunks, 16.0 files/s, 1m02s so far"
+    assert [line.split("/")[0] for line in lines] == ["[docs] " + str(n) for n in (1, 161, 321, 481, 641, 801, 961,
+                                                                                 1000)]  # every 10 s, and the last
+
+
+def test_progress_on_a_terminal_redraws_one_line():
+    clock, out = _Clock(), io.StringIO()
+    progress = IndexProgress("docs", out, True, {"chunks": 12}, clock=clock, redraw=0.2)
+    progress(1, 7200, "a")
+    clock.now += 3600
+    progress(3600, 7200, "b")     # one file a second: an hour to go
+    clock.now += 0.1
+    progress(3601, 7200, "c")     # too soon to redraw
+    clock.now += 3599
+    progress(7200, 7200, "d")
+    shown = out.getvalue()
+    assert shown.count("\n") == 1 and shown.endswith("\n")
+    frames = shown.rstrip("\n").split("\r")[1:]
+    assert [f.rstrip() for f in frames] == [
+        "[docs] 1/7200 files (0%), 12 chunks",
+        "[docs] 3600/7200 files (50%), 12 chunks, 1.0 files/s, ETA 1h00m",
+        "[docs] 7200/7200 files (100%), 12 chunks, 1.0 files/s, 2h00m so far"]
+    assert len(set(len(f) for f in frames[1:])) == 1 or len(frames[2]) >= len(frames[1].rstrip())
+    progress.close()   # the last line already ended
+    assert out.getvalue() == shown
+
+
+def test_index_progress_on_a_terminal_and_off_one(tmp_path):
+    import pty
+
+    data = _data_dir(tmp_path)
+    _docs(data, 40)
+    argv = [sys.executable, SCRIPT, "index", "--data-dir", str(data), "--full"]
+    piped = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                           env=_env(False), timeout=60)
+    progress = [line for line in piped.stderr.splitlines() if line.startswith("[docs] ")]
+    assert piped.returncode == 0 and "\r" not in piped.stderr
+    assert progress[0].startswith("[docs] 1/40 files (2%)") and progress[-1].startswith("[docs] 40/40 files (100%)")
+    assert "chunks" in progress[-1] and len(progress) < 10
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, env=_env(False))
+        os.close(slave)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:   # the other end closed: the process is gone
+                break
+            if not chunk:
+                break
+            shown += chunk
+        assert proc.wait(timeout=60) == 0
+        proc.stdout.close()
+    finally:
+        os.close(master)
+    shown = shown.decode()
+    assert "\r[docs] 1/40 files" in shown and "\r[docs] 40/40 files (100%)" in shown
+    assert len([line for line in shown.replace("\r\n", "\n").split("\n") if "[docs]" in line]) == 1
