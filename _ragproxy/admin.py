@@ -570,7 +570,9 @@ class Admin:
         config, name = self.app.config, kb.spec.name
         view = {**kb.stats(), "config": copy_default(config.knowledge_bases.get(name, {})),
                 "documents_dir": kb.documents_dir, "declared": name not in config.undeclared_kbs,
-                "vectorstore": config.vectorstore_status()}
+                "vectorstore": config.vectorstore_status(),
+                # What the panel tells an uploader: larger files are refused or skipped at upload.
+                "upload_max_file_bytes": self._upload_limits(kb).file_cap()}
         if not view["declared"]:   # POST /kbs with its name declares it, settings and all
             view["named_by"] = config.undeclared_kbs[name][0]
         return view
@@ -652,21 +654,33 @@ class Admin:
         kb = self._kb(kb)
         generation, _ = kb.current()
         uploaded = read_manifest(kb.documents_dir)
-        prefix = kb.spec.name + "/"
+        label = kb.documents_label
+        prefix = label + "/"
+        stats = kb.stats()
+        # By the name chunks would cite: an upload's original name.
+        left_out = {item["file"]: (what, item["reason"]) for what in ("skipped", "deferred")
+                    for item in stats.get(what) or ()}
         files, seen = [], set()
         for source, entry in sorted((generation.manifest if generation else {}).items()):
             stored = source[len(prefix):] if source.startswith(prefix) else None
             upload = uploaded.get(stored) if stored else None
             seen.add(stored)
+            # Indexed, yet perhaps deferred this run (its previous chunks kept) or since skipped.
+            what, reason = left_out.get(f"{label}/{upload['name']}" if upload else source, (None, None))
             files.append({"source": source, "path": source, "name": upload["name"] if upload else source,
                           "size": entry.get("size"), "chunks": len(entry.get("chunk_ids", ())),
                           "sha256": entry.get("hash"), "uploaded": upload is not None,
-                          "uploaded_at": upload.get("uploaded_at") if upload else None})
+                          "uploaded_at": upload.get("uploaded_at") if upload else None,
+                          "skipped": reason if what == "skipped" else None,
+                          "deferred": reason if what == "deferred" else None})
         for stored, upload in sorted(uploaded.items()):
-            if stored not in seen:  # uploaded, not indexed yet
+            if stored not in seen:  # uploaded, not indexed (yet, or skipped by the indexer)
+                what, reason = left_out.get(f"{label}/{upload['name']}", (None, None))
                 files.append({"source": prefix + stored, "path": prefix + stored, "name": upload["name"],
                               "size": upload.get("size"), "chunks": None, "sha256": upload.get("sha256"),
-                              "uploaded": True, "uploaded_at": upload.get("uploaded_at")})
+                              "uploaded": True, "uploaded_at": upload.get("uploaded_at"),
+                              "skipped": reason if what == "skipped" else None,
+                              "deferred": reason if what == "deferred" else None})
         return json_response(200, {"files": files})
 
     def list_chunks(self, request, kb):
@@ -692,12 +706,15 @@ class Admin:
     def delete_file(self, request, kb):
         kb = self._kb(kb)
         source = _refuse_traversal(_query_params(request).get("source", ""), "source")
-        prefix = kb.spec.name + "/"
+        prefix = kb.documents_label + "/"
         stored = source[len(prefix):] if source.startswith(prefix) else ""
         if not stored or stored not in read_manifest(kb.documents_dir):
             raise ClientError(400, f"{source!r} is not an uploaded document of {kb.spec.name!r}; files from "
                                    "configured sources are removed at their source", "not_uploaded")
-        self.uploads.remove(kb.documents_dir, stored)
+        try:
+            self.uploads.remove(kb.documents_dir, stored)
+        except UploadError as exc:
+            raise ClientError(exc.status, exc.message, "not_uploaded" if exc.status == 400 else "conflict") from None
         self.app.knowledge_bases.request_index(kb.spec.name)
         return json_response(200, {"deleted": source})
 
@@ -705,9 +722,7 @@ class Admin:
         kb = self._kb(kb)
         if request.stream is None:
             raise ClientError(400, "uploads need a request body (multipart/form-data)")
-        caps = self.app.config.raw["uploads"]
-        limits = UploadLimits(max_file_bytes=caps["max_file_bytes"], max_files=caps["max_files"],
-                              max_total_bytes=caps["max_total_bytes"], max_ratio=caps["max_ratio"])
+        limits = self._upload_limits(kb)
         try:
             length = parse_content_length(request.headers.get("content-length", ""))
         except ValueError:  # none, or one the server would have refused: ingest reads to the end
@@ -717,10 +732,24 @@ class Admin:
                                          kb.documents_dir, limits)
         except UploadError as exc:
             raise ClientError(exc.status, exc.message, "upload_rejected") from None
-        self.app.knowledge_bases.request_index(kb.spec.name)
-        log.info("kb %s: %d file(s) uploaded from %s, %d skipped", kb.spec.name, len(result["stored"]),
-                 request.client, len(result["skipped"]))
-        return json_response(201, result)
+        if result["stored"]:
+            self.app.knowledge_bases.request_index(kb.spec.name)
+        log.info("kb %s: %d file(s) uploaded from %s (%d replacing an earlier upload), %d unchanged, %d skipped",
+                 kb.spec.name, len(result["stored"]), request.client,
+                 sum(1 for item in result["stored"] if item["replaced"]), len(result["unchanged"]),
+                 len(result["skipped"]))
+        for item in result["skipped"][:20]:
+            log.info("  skipped %s: %s", item["name"], item["reason"])
+        # 201 only when something was stored: the same files again create nothing.
+        return json_response(201 if result["stored"] else 200, result)
+
+    def _upload_limits(self, kb):
+        """The upload caps of the moment, with the KB's own per-file cap beside them."""
+        caps = self.app.config.raw["uploads"]
+        return UploadLimits(max_file_bytes=caps["max_file_bytes"], max_files=caps["max_files"],
+                            max_total_bytes=caps["max_total_bytes"], max_ratio=caps["max_ratio"],
+                            kb_max_file_bytes=kb.spec.max_file_bytes,
+                            kb_key=f"knowledge_bases.{kb.spec.name}.max_file_bytes")
 
     def search_kb(self, request, kb):
         kb = self._kb(kb)

@@ -48,7 +48,7 @@ import zipfile
 import zlib
 
 from .defaults import UPLOAD_MAX_FILE_BYTES, UPLOAD_MAX_FILES, UPLOAD_MAX_RATIO, UPLOAD_MAX_TOTAL_BYTES
-from .docfolder import UPLOAD_MANIFEST, read_manifest, write_manifest
+from .docfolder import UPLOAD_MANIFEST, ManifestError, read_manifest, write_manifest
 from .documents import CODE_EXTS, CONFIG_EXTS, HTML_EXTS, MARKDOWN_EXTS, RST_EXTS, TEXT_EXTS, split_ext
 from .files import human_size, remove_leftover_dirs
 
@@ -705,7 +705,7 @@ class Uploads:
             files, skipped = self._expand(parts, staging, limits)
             with self._lock(documents_dir):
                 os.makedirs(documents_dir, exist_ok=True)
-                manifest, now = read_manifest(documents_dir), self.clock()
+                manifest, now = _manifest(documents_dir), self.clock()
                 stored, unchanged, stale = [], [], []
                 for part in files:
                     same_name = sorted((entry.get("uploaded_at") or 0, stored_as)
@@ -809,7 +809,7 @@ class Uploads:
                 or "/" in stored_as or "\\" in stored_as or "\0" in stored_as:
             raise UploadError(400, f"{stored_as!r} is not a stored document name")
         with self._lock(documents_dir):
-            manifest = read_manifest(documents_dir)
+            manifest = _manifest(documents_dir)
             entry = manifest.pop(stored_as, None)
             if entry is None:
                 raise UploadError(400, f"{stored_as!r} is not in the upload manifest")
@@ -817,6 +817,15 @@ class Uploads:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(documents_dir, stored_as))
         return entry
+
+
+def _manifest(documents_dir):
+    """The manifest to update; an unreadable one stops the change rather than being overwritten."""
+    try:
+        return read_manifest(documents_dir, strict=True)
+    except ManifestError as e:
+        raise UploadError(409, f"{e}; fix it or move it aside (uploads are refused meanwhile so that the "
+                               "names of earlier uploads are not lost)") from None
 
 
 def _refusal(part):

@@ -39,3 +39,18 @@ def test_a_broken_manifest_reads_as_no_uploads_and_is_logged(tmp_path, caplog):
         assert "ignoring unreadable upload manifest" in caplog.text, text
     path.write_text('{"files": ["not", "a", "dict"]}', encoding="utf-8")
     assert docfolder.read_manifest(str(tmp_path)) == {}
+
+
+def test_a_writer_reads_a_broken_manifest_strictly(tmp_path):
+    path = tmp_path / docfolder.UPLOAD_MANIFEST
+    assert docfolder.read_manifest(str(tmp_path), strict=True) == {}   # none yet: no uploads, no error
+    for text in ("{not json", "[1, 2]", '{"files": ["not", "a", "dict"]}'):
+        path.write_text(text, encoding="utf-8")
+        try:
+            docfolder.read_manifest(str(tmp_path), strict=True)
+        except docfolder.ManifestError as e:
+            assert str(path) in str(e) and "cannot be read" in str(e), text
+        else:
+            raise AssertionError(f"{text!r} read as a manifest")
+    docfolder.write_manifest(str(tmp_path), FILES)
+    assert docfolder.read_manifest(str(tmp_path), strict=True) == FILES

@@ -605,3 +605,125 @@ def test_mcp_tool_calls_are_listed_in_the_request_log(mcp_panel):
     expect(page.locator("#ic-h")).to_have_text("Returned passages (1)")  # a tool call injects nothing
     expect(mcp_panel.tid("log-chunk").first).to_contain_text("zanzibarquux")
     mcp_panel.shot("log-mcp-tool", full_page=True)
+
+
+# -- getting documents in: uploads that are partly skipped, and what a KB could not index ----------
+
+@pytest.fixture
+def limited_panel(browser, make_admin_proxy, fake):
+    text = proxy_config(fake.url, extra="knowledge_bases:\n  ops: {retrieval: lexical, max_file_bytes: 2000}\n")
+    yield from _panel_on(browser, make_admin_proxy(text))
+
+
+def _open_kb(panel, name):
+    panel.nav("kbs", "kbs-table")
+    panel.tid("kb-row-" + name).get_by_test_id("kb-link").click()
+    expect(panel.tid("page-title")).to_have_text(name)
+
+
+def test_an_upload_with_unsupported_and_oversized_files_stores_the_rest_and_lists_why(limited_panel):
+    panel = limited_panel
+    panel.login()
+    _open_kb(panel, "ops")
+    expect(panel.tid("upload-limit")).to_contain_text("Up to 2.0 KB per file")
+    big = b"# Big\n\n" + b"lorem ipsum " * 300
+    panel.tid("upload-files").set_input_files([
+        {"name": "guide.md", "mimeType": "text/markdown", "buffer": GUIDE_MD},
+        {"name": "random.bin", "mimeType": "application/octet-stream", "buffer": b"\0\1\2"},
+        {"name": "logo.png", "mimeType": "image/png", "buffer": b"\x89PNG\r\n"},
+        {"name": "big.md", "mimeType": "text/markdown", "buffer": big},
+    ])
+    result = panel.tid("upload-result")
+    expect(result).to_contain_text("Stored 1 file, skipped 3")
+    expect(panel.tid("upload-stored")).to_contain_text("guide.md")
+    skipped = panel.tid("upload-skipped-item")
+    expect(skipped).to_have_count(3)
+    expect(skipped.filter(has_text="random.bin")).to_contain_text("file type '.bin' is not accepted")
+    expect(skipped.filter(has_text="logo.png")).to_contain_text("file type '.png' is not accepted")
+    expect(skipped.filter(has_text="big.md")).to_contain_text(
+        "over the knowledge base's limit of 2.0 KiB per file (raise knowledge_bases.ops.max_file_bytes")
+    files = panel.tid("files-table")
+    expect(files.get_by_test_id("file-row")).to_have_count(1, timeout=INDEX_TIMEOUT_MS)
+    expect(files.get_by_test_id("file-row").filter(has_text="guide.md")).to_have_count(1)
+    panel.shot("upload-skipped")
+
+    # The oversized file alone is refused with the limit and the key to raise, and nothing is stored.
+    panel.tid("upload-files").set_input_files([{"name": "big.md", "mimeType": "text/markdown", "buffer": big}])
+    expect(panel.tid("upload-error")).to_contain_text(
+        "'big.md' is 3.5 KiB, over the knowledge base's limit of 2.0 KiB per file "
+        "(raise knowledge_bases.ops.max_file_bytes to index larger files)")
+    # The same file again is not stored twice.
+    panel.tid("upload-files").set_input_files([{"name": "guide.md", "mimeType": "text/markdown", "buffer": GUIDE_MD}])
+    expect(panel.tid("upload-result")).to_contain_text("Stored 0 files, 1 unchanged (already stored)")
+    expect(panel.tid("upload-unchanged")).to_contain_text("guide.md")
+    panel.tid("files-refresh").click()
+    expect(files.get_by_test_id("file-row")).to_have_count(1)
+
+
+@pytest.fixture
+def sources_setup(make_admin_proxy, fake, tmp_path):
+    missing = tmp_path / "srv" / "does-not-exist"
+    text = proxy_config(fake.url, extra=f"knowledge_bases:\n  ops: {{retrieval: lexical, sources: ['{missing}']}}\n")
+    return make_admin_proxy(text), missing
+
+
+def test_kb_pages_show_missing_sources_skipped_files_and_last_indexed_after_a_restart(
+        browser, sources_setup, _running):
+    proxy, missing = sources_setup
+    admin = proxy.admin()
+    body, ctype = _multipart_body([("manuals/broken.docx", b"not a zip at all"), ("runbook.md", GUIDE_MD)])
+    status, _, result = admin.request("POST", "/admin/api/kbs/ops/upload", raw=body, headers={"Content-Type": ctype})
+    assert status == 201, result
+
+    def indexed(client):
+        view = client.get("/admin/api/kbs/ops")[2]
+        assert view["files"] == 1 and view["state"] == "idle" and view["skipped"], view
+        return view
+    eventually(lambda: indexed(admin), timeout=INDEX_TIMEOUT_MS / 1000)
+
+    for panel in _panel_on(browser, proxy):   # runs the fixture's own checks when the block ends
+        panel.login()
+        panel.nav("kbs", "kbs-table")
+        row = panel.tid("kb-row-ops")
+        expect(row.get_by_test_id("kb-warning")).to_contain_text("1 warning")
+        expect(row.get_by_test_id("kb-warning")).to_contain_text("1 skipped")
+        panel.shot("kbs-warning")
+        row.get_by_test_id("kb-link").click()
+        issues = panel.tid("kb-issues")
+        expect(issues.get_by_test_id("kb-warning-item")).to_contain_text(str(missing))
+        source = issues.get_by_test_id("kb-source-row").filter(has_text=str(missing))
+        expect(source.get_by_test_id("kb-source-state")).to_have_text("missing")
+        expect(issues.get_by_test_id("kb-skipped-item")).to_have_text(
+            "ops/manuals/broken.docx · skipped: corrupt DOCX (not a zip archive)")
+        broken = panel.tid("files-table").get_by_test_id("file-row").filter(has_text="manuals/broken.docx")
+        expect(broken.get_by_test_id("file-skip-reason")).to_have_text("not indexed: corrupt DOCX (not a zip archive)")
+        panel.shot("kb-issues", full_page=True)
+
+    # A restart: a new App over the same data directory.  The KB is indexed, not "never".
+    proxy.app.knowledge_bases.stop()
+    config_file = ragproxy.ConfigFile(str(proxy.config_path), environ={})
+    app = ragproxy.App(config_file.load(), data_dir=str(proxy.data_dir))
+    app.admin = ragproxy.Admin(app, proxy.admin_key, config_file)
+    again = _running(app)
+    again.admin_key = proxy.admin_key
+    for panel in _panel_on(browser, again):
+        panel.login()
+        panel.nav("kbs", "kbs-table")
+        row = panel.tid("kb-row-ops")
+        expect(row.get_by_test_id("kb-state")).to_contain_text("Ready")
+        expect(row.locator("td").nth(4)).not_to_have_text("never")
+        row.get_by_test_id("kb-link").click()
+        summary = panel.tid("kb-summary")
+        expect(summary).to_contain_text("Last indexed")
+        expect(summary).not_to_contain_text("never")
+        expect(summary.get_by_test_id("kb-state")).to_contain_text("Ready")
+        expect(panel.tid("kb-issues").get_by_test_id("kb-skipped-item")).to_contain_text("ops/manuals/broken.docx")
+
+
+def _multipart_body(files, boundary="----panelTestBoundary"):
+    out = []
+    for name, data in files:
+        out.append(f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
+                   "Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
+    out.append(f"--{boundary}--\r\n".encode())
+    return b"".join(out), f"multipart/form-data; boundary={boundary}"

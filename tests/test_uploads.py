@@ -573,6 +573,17 @@ def test_a_manifest_entry_with_a_hostile_stored_name_is_never_replaced(docs):
         assert f.read() == "keep"
 
 
+def test_an_unreadable_manifest_is_not_overwritten_by_an_upload_or_a_removal(docs):
+    # Overwriting it would forget every earlier upload's original name.
+    with open(os.path.join(docs, "manifest.json"), "w") as f:
+        f.write("{not json")
+    rejected(docs, [("f", "new.md", b"x")], 409, r"manifest.json cannot be read: .*fix it or move it aside")
+    with pytest.raises(up.UploadError) as info:
+        up.Uploads().remove(docs, "f" * 32 + ".md")
+    assert info.value.status == 409
+    assert os.path.exists(os.path.join(docs, "f" * 32 + ".md"))
+
+
 # --- archives -------------------------------------------------------------------
 
 def test_zip_and_tar_members_are_stored_and_odd_ones_skipped(docs):
