@@ -29,6 +29,7 @@ import itertools
 import json
 import logging
 import os
+import stat
 import threading
 import time
 
@@ -275,7 +276,8 @@ class KnowledgeBase:
             st = os.stat(path)
         except OSError:
             return
-        found[source_id] = (path, st.st_size, st.st_mtime_ns)
+        if stat.S_ISREG(st.st_mode):  # not a FIFO or device: reading one would block the indexer or never end
+            found[source_id] = (path, st.st_size, st.st_mtime_ns)
 
     # -- indexing -----------------------------------------------------------
 
@@ -317,7 +319,10 @@ class KnowledgeBase:
         self._note_sources(sources)
         # A file skipped for a reason only a change to it can lift is not read
         # again while its size and mtime stay (a full run retries them all).
-        skip_cache = {} if full else self._load_state().get("skip_cache", {})
+        previous = self._load_state()
+        skip_cache = {} if full else previous.get("skip_cache", {})
+        # An unreadable file is tried again on every run; it is logged again only if its reason changed.
+        said = {(s.get("file"), s.get("reason")) for s in previous.get("skipped", []) if isinstance(s, dict)}
         new_skip_cache = {}  # what this run skips for good: returned, and saved by index()
         # Read every pass: an upload moves its files in before it records their
         # names, so a pass in between saw them under their stored names, and
@@ -349,7 +354,8 @@ class KnowledgeBase:
                     continue
                 fresh = self._read_and_chunk(source, path, size, report, shown)
                 if isinstance(fresh, _Skip):
-                    log.log(logging.WARNING if fresh.loud else logging.INFO, "kb %s: skipped %s: %s",
+                    level = logging.WARNING if fresh.loud else logging.INFO
+                    log.log(logging.DEBUG if (shown, fresh.reason) in said else level, "kb %s: skipped %s: %s",
                             spec.name, shown, fresh.reason)
                     if fresh.lasting:
                         new_skip_cache[source] = {"size": size, "mtime": mtime, "shown": shown,
@@ -674,6 +680,10 @@ class KnowledgeBase:
             state = {}
         if not isinstance(state, dict):
             state = {}
+        for name, kind in (("sources", list), ("warnings", list), ("skipped", list), ("deferred", list),
+                           ("skip_cache", dict)):
+            if not isinstance(state.get(name, kind()), kind):  # a hand-edited file: that part is dropped
+                del state[name]
         self._state_cache = (key, state)
         return state
 

@@ -166,6 +166,12 @@ def test_a_kb_with_no_readable_source_at_all_says_so_and_recovers(tmp_path, capl
     assert len(warnings) == 2 and "has no readable source" in warnings[1]
     assert [s["state"] for s in kb.stats()["sources"]] == ["empty", "missing"]
     assert kb.stats()["sources"][0]["message"].startswith("no documents yet: drop files in " + kb.documents_dir)
+    os.makedirs(str(tmp_path / "srv" / "docs" / "sub"))   # there now, but holding no file
+    caplog.clear()
+    kb.index()
+    assert [s["state"] for s in kb.stats()["sources"]] == ["empty", "empty"] and kb.readable_source_count() == 0
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"kb kb: source 'srv/docs' ({tmp_path / 'srv' / 'docs'}) holds no file that include/exclude let through"]
     write(str(tmp_path / "srv" / "docs" / "a.md"), "# A\n\nalpha\n")
     caplog.clear()
     kb.index()
@@ -210,6 +216,23 @@ def test_skipped_files_are_listed_by_their_uploaded_name_and_not_reread(tmp_path
     assert report.skipped == [("kb/guides/huge.md", "larger than max_file_bytes (647 > 200)")]
     assert kb.search("zebra", 1)[0].chunk["source"] == "kb/notes/odd.md"
     assert make_kb(tmp_path, max_file_bytes=1000).index().added == 1   # a higher limit reads it again
+
+
+def test_a_fifo_in_a_source_is_not_read(tmp_path, docs):
+    os.mkfifo(str(docs / "pipe.md"))   # opening it would wait for a writer forever
+    kb = make_kb(tmp_path)
+    runner = threading.Thread(target=kb.index, daemon=True)
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive() and "kb/pipe.md" not in kb.scan() and kb.stats()["files"] == 3
+
+
+def test_a_damaged_state_file_is_ignored_in_part(tmp_path, docs):
+    kb = make_kb(tmp_path)
+    kb.index()
+    write(os.path.join(kb.root, "index_state.json"), '{"skipped": "oops", "warnings": ["kept"], "skip_cache": []}')
+    assert kb.stats()["skipped"] == [] and kb.stats()["warnings"] == ["kept"]
+    assert kb.index().unchanged == 3 and kb.stats()["warnings"] == []
 
 
 def test_status_counts_files_and_chunks_as_indexing_goes(tmp_path, docs):
