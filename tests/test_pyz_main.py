@@ -14,6 +14,8 @@ import zipfile
 
 import pytest
 
+import ragproxy
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -24,6 +26,13 @@ def run(pyz, *args, python=sys.executable, **env_changes):
     env.update(env_changes)
     return subprocess.run([python, pyz] + list(args or ["--version"]), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, env=env, timeout=120)
+
+
+def data_dir(tmp_path):
+    """A data directory with a default config: search and kb list create none."""
+    (tmp_path / "data" / "config").mkdir(parents=True)
+    ragproxy.write_default_config(str(tmp_path / "data" / "config" / "config.yaml"))
+    return str(tmp_path / "data")
 
 
 def loaded_from(proc):
@@ -83,7 +92,7 @@ def test_without_a_usable_cache_it_runs_from_the_archive(pyz, tmp_path):
 
 
 def test_a_server_starts_from_the_archive_when_there_is_no_cache(pyz, tmp_path):
-    proc = run(pyz, "search", "docs", "anything", "--data-dir", str(tmp_path / "data"), HOME="")
+    proc = run(pyz, "search", "docs", "anything", "--data-dir", data_dir(tmp_path), HOME="")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "no match\n"
 
@@ -92,7 +101,7 @@ def test_a_copy_that_lost_files_is_replaced(pyz, tmp_path):
     cache = tmp_path / "cache"
     copy = loaded_from(run(pyz, RAGPROXY_CACHE_DIR=str(cache)))
     os.unlink(os.path.join(copy, "_ragproxy", "kb.py"))
-    proc = run(pyz, "kb", "list", "--data-dir", str(tmp_path / "data"), RAGPROXY_CACHE_DIR=str(cache))
+    proc = run(pyz, "kb", "list", "--data-dir", data_dir(tmp_path), RAGPROXY_CACHE_DIR=str(cache))
     assert proc.returncode == 0, proc.stderr
     assert os.path.isfile(os.path.join(copy, "_ragproxy", "kb.py")) and copies(cache) == [copy]
     assert sorted(os.listdir(str(cache))) == [os.path.basename(copy)]   # nothing set aside is left behind
