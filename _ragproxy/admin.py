@@ -937,6 +937,11 @@ def _openapi_document():
             op["responses"]["401"] = error
         if route.handler == "login":
             op["responses"]["429"] = error
+        if route.handler == "upload":
+            op["responses"]["200"] = {"description": "Nothing new: every file was stored already (unchanged)",
+                                      "content": {"application/json": {"schema": {"type": "object"}}}}
+            op["responses"]["409"] = error   # the upload manifest cannot be read
+            op["responses"]["413"] = error   # a single file or the whole upload over a cap
         if route.method in ("POST", "PUT"):
             content_type = "multipart/form-data" if route.handler == "upload" else "application/json"
             schema = ({"type": "object", "properties": {"files": {"type": "array", "items":
