@@ -281,6 +281,9 @@ class Analyzer:
       ``std::fs::File`` read as ``std/fs/file``) also give the whole compound,
       so a question naming one matches it exactly; a leading ``self.``,
       ``cls.`` or ``this.`` is left out of the whole.
+    * ``C++``, ``C#``, ``F#`` and ``.NET`` are the terms ``cpp``, ``csharp``,
+      ``fsharp`` and ``dotnet`` (``cxx`` and ``cplusplus`` are ``cpp`` too);
+      elsewhere ``+`` and ``#`` are punctuation.
     * English stopwords are dropped; the stemmer is Snowball English (Porter2).
     * CJK runs become overlapping character bigrams (a lone character stays).
 
