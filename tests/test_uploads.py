@@ -573,6 +573,42 @@ def test_a_manifest_entry_with_a_hostile_stored_name_is_never_replaced(docs):
         assert f.read() == "keep"
 
 
+def test_seeded_sequences_of_uploads_keep_one_file_per_name_holding_the_latest_contents(tmp_path):
+    rng = random.Random(15)
+    names = ["a.md", "dir/a.md", "b.txt", "x.zip"]
+    contents = [b"one", b"two", b"three"]
+    uploads, docs = up.Uploads(new_id=ids()), str(tmp_path / "kb")
+    latest = {}
+    for _ in range(60):
+        parts = []
+        for name in rng.sample(names, rng.randint(1, 3)):
+            data = rng.choice(contents)
+            if name == "x.zip":
+                parts.append(("f", name, zip_bytes([("m.md", data)])))
+                name = "x.zip/m.md"
+            else:
+                parts.append(("f", name, data))
+            expected = latest.get(name)
+            latest[name] = data
+            parts[-1] = parts[-1] + (name, expected)
+        if rng.random() < 0.2:
+            parts.append(("f", "junk.png", b"png", "junk.png", None))
+        body = encode([p[:3] for p in parts])
+        result = uploads.ingest(io.BytesIO(body), CT, len(body), docs)
+        outcome = {s["name"]: "unchanged" for s in result["unchanged"]}
+        outcome.update({s["name"]: "replaced" if s["replaced"] else "new" for s in result["stored"]})
+        for _, _, data, name, before in (p for p in parts if p[3] != "junk.png"):
+            want = "new" if before is None else "unchanged" if before == latest[name] else "replaced"
+            assert outcome[name] == want, (name, before, latest[name])
+        manifest = up.read_manifest(docs)
+        assert sorted(v["name"] for v in manifest.values()) == sorted(latest)
+        for stored_as, entry in manifest.items():
+            with open(os.path.join(docs, stored_as), "rb") as f:
+                assert f.read() == latest[entry["name"]] and entry["sha256"] == sha(latest[entry["name"]])
+        assert sorted(os.listdir(docs)) == sorted(list(manifest) + ["manifest.json"])
+    assert sorted(os.listdir(str(tmp_path))) == ["kb"]
+
+
 def test_an_unreadable_manifest_is_not_overwritten_by_an_upload_or_a_removal(docs):
     # Overwriting it would forget every earlier upload's original name.
     with open(os.path.join(docs, "manifest.json"), "w") as f:
