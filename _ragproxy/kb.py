@@ -41,7 +41,7 @@ from .fusion import FUSION_DEPTH, rrf, zscore_fusion
 from .npy import npy_read_array, npy_write_array
 from .sources import ALWAYS_EXCLUDED_DIRS, GitIgnore, glob_match
 from .store import KBStore
-from .text import Analyzer, BM25Index
+from .text import ANALYZER_VERSION, Analyzer, BM25Index
 
 log = logging.getLogger("ragproxy")
 
@@ -408,9 +408,16 @@ class KnowledgeBase:
         return new_skip_cache
 
     def _settings(self):
-        """What a generation's chunks, terms and vectors depend on besides the files."""
+        """What a generation's chunks, terms and vectors depend on besides the files.
+
+        The analyzer's and the chunker's versions are in it too: a store built
+        before either changed its output is re-indexed once, or old terms (``c``
+        for "C++") and old chunk boundaries would outlive the code that made them.
+        """
+        from .chunking import CHUNKING_VERSION  # here: a search never loads the chunker
+
         s = self.spec
-        return {"strategy": s.strategy, "chunk_size": s.chunk_size, "chunk_overlap": s.chunk_overlap,
+        return {"analyzer": ANALYZER_VERSION, "chunking": CHUNKING_VERSION, "strategy": s.strategy, "chunk_size": s.chunk_size, "chunk_overlap": s.chunk_overlap,
                 "k1": s.k1, "b": s.b, "retrieval": s.retrieval, "embedding": s.embedding, "compact": s.compact,
                 "embedding_model": getattr(getattr(self.embedder, "provider", None), "model", "")}
 
@@ -621,10 +628,10 @@ class KnowledgeBase:
         # The commit time is the generation's own, and the rest is read from
         # disk, so a restart or another process (the CLI) sees the same.
         return {"name": self.spec.name, "retrieval": self.spec.retrieval,
-                "files": len(generation.manifest) if generation else 0,
-                "bytes": size, "generation": generation.name if generation else None, **self.status,
+                "files": len(generation.manifest) if generation is not None else 0,
+                "bytes": size, "generation": generation.name if generation is not None else None, **self.status,
                 # status["chunks"] counts this run's new chunks; "chunks" stays the committed total
-                "chunks": len(generation) if generation else 0, "run_chunks": self.status["chunks"],
+                "chunks": len(generation) if generation is not None else 0, "run_chunks": self.status["chunks"],
                 "last_indexed": generation.created if generation is not None else None,
                 "sources": sources, "warnings": state.get("warnings") or self._warnings(sources),
                 "skipped": state.get("skipped", []), "deferred": state.get("deferred", [])}

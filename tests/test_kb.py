@@ -427,6 +427,34 @@ def test_changed_chunking_settings_rebuild_every_file(tmp_path, docs):
     assert not smaller.index().committed  # and the next run with the same settings has nothing to do
 
 
+def test_stats_of_a_committed_generation_with_no_chunks_name_it(tmp_path, docs):
+    kb = make_kb(tmp_path)
+    kb.index()
+    for path in ("a.md", "b.md", "src/pool.py"):
+        os.unlink(str(docs / path))
+    assert kb.index().committed
+    stats = kb.stats()
+    assert (stats["generation"], stats["chunks"], stats["files"]) == ("g000002", 0, 0)
+    assert stats["last_indexed"] is not None
+
+
+def test_a_store_built_by_an_older_analyzer_or_chunker_is_rebuilt_once(tmp_path, docs):
+    import json
+
+    kb = make_kb(tmp_path)
+    kb.index()
+    generation, _ = kb.current()
+    settings = json.loads(generation.read_file("settings.json"))
+    assert {"analyzer", "chunking"} <= set(settings)
+    # What a store written before the versions were recorded holds: "C++" was indexed as "c".
+    old = {k: v for k, v in settings.items() if k not in ("analyzer", "chunking")}
+    with open(generation.path("settings.json"), "w") as f:
+        json.dump(old, f)
+    report = make_kb(tmp_path).index()
+    assert report.committed and report.added == 3
+    assert not make_kb(tmp_path).index().committed
+
+
 @pytest.mark.parametrize("compact", ["int8", "float16", "binary"])
 def test_compact_vectors_from_config(tmp_path, docs, compact):
     config = ragproxy.Config.from_text(f"""
