@@ -192,7 +192,8 @@ _MODEL_SCHEMA = {
     "upstream": _Field("str_list", _REQUIRED),
     "upstream_model": _Field("str", ""),
     "kb": _Field("str_list", [], null=True),   # null: no retrieval, the request passes through
-    "kb_merge": _Field("str", "priority", choices=("priority", "concat", "rrf")),
+    # concat: the best of the three on two KBs behind one model (bench/multi_kb.py, bench/RESULTS.md)
+    "kb_merge": _Field("str", "concat", choices=("priority", "concat", "rrf")),
     "inject_mode": _Field("str", "before_last_user", choices=(
         "before_last_user", "system_prepend", "system_append", "new_message")),
     "rerank": _Field("bool", False),
@@ -505,7 +506,7 @@ class ModelRoute:
     upstream: tuple
     upstream_model: str = ""
     kb: tuple = ()
-    kb_merge: str = "priority"
+    kb_merge: str = "concat"
     inject_mode: str = "before_last_user"
     rerank: bool = False
     on_failure: str = ""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import threading
 import time
 
@@ -190,6 +191,83 @@ def _tiktoken_counter(tiktoken=None, environ=None, expected_sha256=_CL100K_SHA25
     return lambda text: len(encoding.encode(text, disallowed_special=()))
 
 
+# Several knowledge bases behind one model: a KB whose best hit is less
+# relevant than this share of the best hit of any of them is left out, so a
+# KB that matched a question weakly takes no slot from one that matched it
+# well.  Measured on SciFact and CoSQA as two KBs (bench/multi_kb.py; figures
+# in bench/RESULTS.md): 0.5 to 0.9 all keep concat within 0.001 nDCG@10 of
+# its best, and priority and rrf gain as it rises; at 1 only the single best
+# KB would ever answer, which is worse there than 0.8 and wrong for a question
+# that two KBs answer nearly equally well.
+KB_FLOOR = 0.8
+
+
+def _lexical_share(kb, query):
+    """``score -> share``: a BM25 score as a share of what the query's terms could add up to in ``kb``.
+
+    Raw BM25 scores grow with the query's length and with its terms' rarity in
+    each corpus, so two KBs' scores say nothing about each other.  Each term
+    adds less than its idf, ln(1 + (N - df + 0.5) / (df + 0.5)) (a term the KB
+    lacks counts at df 0), so a score over their sum is in [0, 1): how much of
+    the question, weighted by how telling each word is there, the chunk matched.
+    """
+    _, bm25 = kb.current()
+    if bm25 is None or not len(bm25):
+        return lambda score: 0.0
+    n = len(bm25)
+    total = math.fsum(math.log1p((n - df + 0.5) / (df + 0.5))
+                      for df in map(bm25.doc_freq, kb.analyzer.query_tokens(query)))
+    return (lambda score: min(1.0, max(0.0, score / total))) if total > 0 else (lambda score: 0.0)
+
+
+def _relevance(kb, query, hits, mode):
+    """Each hit's relevance in [0, 1], comparable between knowledge bases.
+
+    Lexical: the BM25 score's share of the query (_lexical_share).  Dense: the
+    cosine similarity (one scale for every KB), negatives as 0.  Hybrid: the two
+    averaged with the KB's fusion weights, a retriever that missed the chunk
+    giving 0, as in its own fusion.
+    """
+    mode = mode or kb.spec.retrieval
+    if mode == "dense":
+        return [max(0.0, hit.scores.get("dense", 0.0)) for hit in hits]
+    share = _lexical_share(kb, query)
+    if mode == "lexical":
+        return [share(hit.scores.get("lexical", 0.0)) for hit in hits]
+    lexical, dense = kb.spec.lexical_weight, kb.spec.dense_weight
+    total = (lexical + dense) or 1.0
+    return [(lexical * share(hit.scores.get("lexical", 0.0)) + dense * max(0.0, hit.scores.get("dense", 0.0)))
+            / total for hit in hits]
+
+
+def _merge(lists, merge):
+    """One list from ``[(hits, relevances), ...]`` (one pair per KB, in the route's order).
+
+    With several KBs, a KB whose best relevance is below KB_FLOOR times the
+    best of all is left out first; then ``priority`` keeps the KBs' order (a
+    later KB fills the slots an earlier one left), ``concat`` sorts by
+    relevance (_relevance: one scale for every KB) and ``rrf`` fuses the ranks.
+    Ties go to the KB listed first, then to its own order.
+    """
+    if len(lists) > 1:
+        best = max((max(rels) for _, rels in lists if rels), default=0.0)
+        lists = [(hits, rels) if rels and max(rels) >= KB_FLOOR * best else ([], []) for hits, rels in lists]
+    if merge == "priority":
+        return [h for hits, _ in lists for h in hits]
+    if merge == "concat":
+        ranked = sorted(((r, n, i, h) for n, (hits, rels) in enumerate(lists)
+                         for i, (h, r) in enumerate(zip(hits, rels))), key=lambda t: (-t[0], t[1], t[2]))
+        return [h for _, _, _, h in ranked]
+    first = {}
+    for hits, _ in lists:
+        for hit in hits:
+            first.setdefault((hit.kb, hit.row), hit)
+    fused = reciprocal_ranks([([(hit.kb, hit.row) for hit in hits], 1.0) for hits, _ in lists])
+    # Ties keep the order of the knowledge bases as listed, then rank (sorted is stable).
+    return [dataclasses.replace(first[key], score=score)
+            for key, score in sorted(fused.items(), key=lambda item: -item[1])]
+
+
 class Retriever:
     """The request rewriter that puts knowledge-base context into requests."""
 
@@ -319,7 +397,10 @@ class Retriever:
         return found
 
     def search(self, names, query, route=None, top_k=None, stages=None, deadline=None, mode=None):
-        """Search ``names`` and merge the lists per the route's ``kb_merge``.
+        """Search ``names`` and merge the lists per the route's ``kb_merge`` (concat without a route).
+
+        Every KB is searched, priority's too: the floor (KB_FLOOR) needs the
+        best hit of all of them before any one's hits can be kept.
 
         ``stages``, if given, collects seconds spent per stage (lexical, embed,
         dense, rerank) for the metrics.  ``deadline`` (an embeddings.Deadline)
@@ -337,7 +418,7 @@ class Retriever:
         top_k = top_k or rag["top_k"]
         rerank = bool(route and route.rerank) and self._reranker() is not None
         pool = max(top_k, rag["rerank_top_k"]) if rerank else top_k
-        merge = route.kb_merge if route else "priority"
+        merge = route.kb_merge if route else "concat"   # no route (an MCP search): the default
         lists = []
         for name in names:
             if deadline is not None and deadline.remaining() <= 0:
@@ -346,25 +427,8 @@ class Retriever:
             kb = self.kbs.get(name)
             hits = kb.search(query, pool, mode=mode, min_lexical=rag["lexical_min_score"],
                              min_dense=rag["score_threshold"] or None, timings=stages)
-            if merge == "priority":
-                lists.append(hits)
-                if sum(len(h) for h in lists) >= pool:
-                    break
-            else:
-                lists.append(hits)
-        if merge == "priority":
-            merged = [h for hits in lists for h in hits]
-        elif merge == "concat":
-            merged = sorted((h for hits in lists for h in hits), key=lambda h: -h.score)
-        else:
-            first = {}
-            for hits in lists:
-                for hit in hits:
-                    first.setdefault((hit.kb, hit.row), hit)
-            fused = reciprocal_ranks([([(hit.kb, hit.row) for hit in hits], 1.0) for hits in lists])
-            # Ties keep the order of the knowledge bases as listed, then rank.
-            merged = [dataclasses.replace(first[key], score=score)
-                      for key, score in sorted(fused.items(), key=lambda item: -item[1])]
+            lists.append((hits, _relevance(kb, query, hits, mode) if len(names) > 1 else [1.0] * len(hits)))
+        merged = _merge(lists, merge)
         seen, unique = set(), []
         for hit in merged:  # the same passage from two KBs (or an overlap) is injected once
             digest = hit.chunk.get("hash") or hit.id

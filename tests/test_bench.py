@@ -156,6 +156,39 @@ def test_eval_retrieval_on_a_scifact_slice(tmp_path):
 
 
 
+# -- multi_kb.py -----------------------------------------------------------------
+
+def test_multi_kb_scores_every_merge_mode_in_both_orders_beside_each_kb_alone(tmp_path):
+    # The two collections share no word, and each query's rare word is in one document of its
+    # own collection: every mode ranks that document first and injects no chunk of the other KB.
+    animals = write_collection(tmp_path / "animals", [("a%d" % i, "", "animal notes: %s" % w) for i, w in
+                                                      enumerate(["zebra", "quokka", "axolotl"])],
+                               [("qa", "where does the quokka live"), ("qb", "axolotl")],
+                               [("qa", "a1", 1), ("qb", "a2", 1)])
+    code = write_collection(tmp_path / "code", [("c%d" % i, "", "def %s(): pass" % w) for i, w in
+                                                enumerate(["flatten_list", "parse_date", "retry_request"])],
+                            [("qc", "parse date string")], [("qc", "c1", 1)])
+    proc = run_script("multi_kb.py", animals, code + ":test", "--top-k", "2")
+    assert proc.returncode == 0, proc.stderr
+    *rows, summary = last_json(proc.stdout)
+    assert [(r["merge"], r["order"]) for r in rows] == [("single", "each KB alone")] + [
+        (m, o) for m in ("priority", "concat", "rrf") for o in ("animals,code", "code,animals")]
+    for r in rows:
+        assert r["collections"]["animals"]["queries"] == 2 and r["collections"]["code"]["queries"] == 1
+        assert r["mean"]["ndcg@10"] == 1.0 and r["mean"]["wrong_kb"] == 0.0, r
+    assert set(summary["summary"]) == {"single", "priority", "concat", "rrf"}
+    assert "over the orders" in proc.stdout
+
+
+def test_multi_kb_needs_two_collections_and_known_modes(tmp_path):
+    one = write_collection(tmp_path / "one", [("1", "", "x")], [("q", "x")], [("q", "1", 1)])
+    proc = run_script("multi_kb.py", one)
+    assert proc.returncode == 2 and "two or more" in proc.stderr
+    two = write_collection(tmp_path / "two", [("1", "", "y")], [("q", "y")], [("q", "1", 1)])
+    proc = run_script("multi_kb.py", one, two, "--merge", "loudest")
+    assert proc.returncode != 0 and "loudest" in proc.stderr and "Traceback" not in proc.stderr
+
+
 # -- request_body.py ----------------------------------------------------------------
 
 def test_request_body_measures_every_side_on_a_body_of_the_size_asked():

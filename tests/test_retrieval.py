@@ -310,17 +310,113 @@ def test_rerank_reorders_and_falls_back(make_proxy, fake, data_dir):
 
 @pytest.mark.parametrize("merge", ["priority", "concat", "rrf"])
 def test_kb_merge_modes(make_proxy, fake, data_dir, merge):
+    # A question half of which each KB answers: both KBs pass the floor.
     text = kb_config(fake.url, kbs="docs, code", model_extra=f", kb_merge: {merge}")
     p = make_proxy(text, data_dir=data_dir)
     p.app.knowledge_bases.index_all()
     route = p.app.resolve_route("llama3")
-    hits = p.app.retriever.search(["docs", "code"], "rotate the signing key elephant", route, top_k=3)
+    hits = p.app.retriever.search(["docs", "code"], "rotate signing key purple elephant sings midnight", route,
+                                  top_k=3)
     kbs = [h.kb for h in hits]
-    assert set(kbs) <= {"docs", "code"} and len({h.id for h in hits}) == len(hits)
+    assert set(kbs) == {"docs", "code"} and len({h.id for h in hits}) == len(hits)
     if merge == "priority":
         assert kbs[0] == "docs"  # the first KB's results come first
-    else:
-        assert "code" in kbs  # merged across KBs
+
+
+# -- several knowledge bases: relevance decides, not the list order ------------------
+
+CMAKE_DOCS = {
+    "cxx_standard.md": "# CXX standard\n\ncmake language standard: set CMAKE_CXX_STANDARD to choose the language "
+                       "standard of a target.\n",
+    "c_standard.md": "# C standard\n\ncmake language standard for C sources: CMAKE_C_STANDARD.\n",
+    "required.md": "# Required\n\ncmake language standard required: CMAKE_CXX_STANDARD_REQUIRED makes the standard "
+                   "a requirement.\n",
+    "extensions.md": "# Extensions\n\ncmake language extensions: CMAKE_CXX_EXTENSIONS turns off compiler extensions "
+                     "of the language standard.\n",
+    "minimum.md": "# Minimum version\n\ncmake_minimum_required declares which cmake language version and standard "
+                  "policies apply.\n",
+}
+_NUMPY_TOPICS = ["reshape returns a view of the array", "concatenate joins arrays along an axis",
+                 "argsort gives the sorting indices", "linspace spaces numbers evenly",
+                 "einsum sums over labelled axes", "fft computes the discrete fourier transform",
+                 "polyfit fits a polynomial by least squares", "histogram counts values into bins",
+                 "meshgrid builds coordinate grids", "cumsum returns running totals",
+                 "where picks from two arrays", "unique returns sorted distinct values"]
+NUMPY_DOCS = dict({f"topic{i:02d}.md": f"# Topic {i}\n\nnumpy {t}.\n" for i, t in enumerate(_NUMPY_TOPICS)}, **{
+    # Rare in this KB, so their raw BM25 scores beat every cmake chunk's; but they match
+    # the question's commonest words only, and it is mostly about cmake.
+    "std.md": "# std\n\nnumpy std: the standard deviation, a standard measure of spread; standard error is related.\n",
+    "printoptions.md": "# printoptions\n\nnumpy set_printoptions: the setting that chooses how arrays print.\n",
+    "language.md": "# dtype\n\nnumpy dtype language: the standard dtype names.\n",
+})
+CMAKE_QUESTION = "which cmake setting chooses the language standard"
+
+
+def _two_kb_proxy(make_proxy, fake, tmp_path, folders, model_kbs, merge=None):
+    """A proxy whose llama3 model searches ``model_kbs``, in that order; ``folders``: kb -> {file: text}."""
+    for kb, files in folders.items():
+        folder = tmp_path / "documents" / kb
+        folder.mkdir(parents=True)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+    declared = "".join(f"  {kb}:\n    retrieval: lexical\n" for kb in folders)
+    text = proxy_config(fake.url, extra=f"knowledge_bases:\n{declared}rag:\n  top_k: 3\n")
+    text = text.replace('  - {name: "*", upstream: [ol, oa]}', f'  - {{name: "*", upstream: [ol, oa], kb: '
+                        f'[{", ".join(model_kbs)}]{f", kb_merge: {merge}" if merge else ""}}}')
+    p = make_proxy(text, data_dir=tmp_path)
+    p.app.knowledge_bases.index_all()
+    return p
+
+
+@pytest.mark.parametrize("merge", ["priority", "concat", "rrf"])
+def test_a_weak_kb_listed_first_takes_no_slot_from_a_strong_one(make_proxy, fake, tmp_path, merge):
+    # Before, priority gave numpy (listed first) every slot, concat sorted numpy's higher raw
+    # BM25 scores first and rrf alternated the two lists.
+    p = _two_kb_proxy(make_proxy, fake, tmp_path, {"cmake": CMAKE_DOCS, "numpy": NUMPY_DOCS}, ["numpy", "cmake"],
+                      merge)
+    alone = p.app.knowledge_bases.get("numpy").search(CMAKE_QUESTION, 3)
+    assert len(alone) == 3   # numpy does match the question on its own
+    hits = p.app.retriever.search(["numpy", "cmake"], CMAKE_QUESTION, p.app.resolve_route("llama3"))
+    assert [h.kb for h in hits] == ["cmake"] * 3
+    assert hits[0].chunk["source"] == "cmake/cxx_standard.md"
+
+
+def test_by_default_a_request_gets_the_passages_of_the_kb_that_matched(make_proxy, fake, tmp_path):
+    p = _two_kb_proxy(make_proxy, fake, tmp_path, {"cmake": CMAKE_DOCS, "numpy": NUMPY_DOCS}, ["numpy", "cmake"])
+    assert p.app.resolve_route("llama3").kb_merge == "concat"
+    fake.secrets = ["set CMAKE_CXX_STANDARD to choose"]
+    raw = _openai(p).chat.completions.with_raw_response.create(
+        model="llama3", messages=[{"role": "user", "content": CMAKE_QUESTION}])
+    assert raw.parse().choices[0].message.content == "FOUND: set CMAKE_CXX_STANDARD to choose"
+    sent = fake.last.json["messages"][-1]["content"]
+    assert "cmake/cxx_standard.md" in sent and "numpy/" not in sent
+    assert len(raw.headers["x-ragproxy-sources"].split(",")) == 3
+
+
+ZEBRA_ONE = {"notes.md": "# Notes\n\nzebra stripes.\n", "other.md": "# Other\n\nlion mane.\n"}
+ZEBRA_TWO = {"notes.md": "# Notes\n\nzebra hooves.\n", "other.md": "# Other\n\ntiger claws.\n"}
+
+
+@pytest.mark.parametrize("merge", ["priority", "concat", "rrf"])
+@pytest.mark.parametrize("order", [["one", "two"], ["two", "one"]])
+def test_equally_relevant_kbs_tie_to_the_kb_listed_first(make_proxy, fake, tmp_path, merge, order):
+    p = _two_kb_proxy(make_proxy, fake, tmp_path, {"one": ZEBRA_ONE, "two": ZEBRA_TWO}, order, merge)
+    route = p.app.resolve_route("llama3")
+    hits = p.app.retriever.search(order, "zebra", route)
+    assert [h.kb for h in hits] == order   # the same score in both, so the list order decides
+    assert [h.id for h in p.app.retriever.search(order, "zebra", route)] == [h.id for h in hits]
+
+
+@pytest.mark.parametrize("merge", ["priority", "concat"])
+def test_priority_keeps_the_list_order_for_a_kb_above_the_floor(make_proxy, fake, tmp_path, merge):
+    # "one" matches a little less well (a longer passage) but well within the floor:
+    # priority still serves it first, as listed; concat puts the better match first.
+    one = dict(ZEBRA_ONE, **{"notes.md": "# Notes\n\nzebra stripes run from the neck down to the hooves.\n"})
+    p = _two_kb_proxy(make_proxy, fake, tmp_path, {"one": one, "two": ZEBRA_TWO}, ["one", "two"], merge)
+    scores = [p.app.knowledge_bases.get(kb).search("zebra", 1)[0].score for kb in ("one", "two")]
+    assert scores[0] < scores[1]
+    hits = p.app.retriever.search(["one", "two"], "zebra", p.app.resolve_route("llama3"))
+    assert [h.kb for h in hits] == (["one", "two"] if merge == "priority" else ["two", "one"])
 
 
 # -- tiktoken never reaches the internet -------------------------------------------
