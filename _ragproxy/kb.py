@@ -24,12 +24,10 @@ import array
 import collections
 import contextlib
 import dataclasses
-import glob
 import itertools
 import json
 import logging
 import os
-import stat
 import threading
 import time
 
@@ -39,7 +37,7 @@ from .docfolder import UPLOAD_MANIFEST, read_manifest
 from .files import atomic_write
 from .fusion import FUSION_DEPTH, rrf, zscore_fusion
 from .npy import npy_read_array, npy_write_array
-from .sources import ALWAYS_EXCLUDED_DIRS, GitIgnore, glob_match
+from .sources import scan_roots, source_roots
 from .store import KBStore
 from .text import ANALYZER_VERSION, Analyzer, BM25Index
 
@@ -150,30 +148,7 @@ class KnowledgeBase:
         return self._roots()[0]["label"]
 
     def _roots(self):
-        """The documents folder and each configured source: ``{source, path, label, kind}``.
-
-        A source's label is its folder's name (``/src/numpy`` -> ``numpy``), made
-        unique against earlier sources with ``_``.  The documents folder is
-        labelled with the KB's name, but yields it to a source of that name
-        (``documents`` instead): a KB ``numpy`` over ``/src/numpy`` cites
-        ``numpy/linalg/_linalg.py``, never ``numpy_/...``.
-        """
-        roots, labels = [], set()
-        for source in self.spec.sources:
-            path = os.path.normpath(os.path.join(self.data_dir, os.path.expanduser(source)))
-            label = os.path.basename(path.rstrip(os.sep)) or "root"
-            while label in labels:
-                label += "_"
-            labels.add(label)
-            roots.append({"source": source, "path": path, "label": label, "kind": "source"})
-        label = self.spec.name
-        if label in labels:
-            label = "documents"
-            while label in labels:
-                label += "_"
-        documents = {"source": f"documents/{self.spec.name}/", "path": self.documents_dir, "label": label,
-                     "kind": "documents"}
-        return [documents] + roots
+        return source_roots(self.spec.name, self.data_dir, self.documents_dir, self.spec.sources)
 
     def scan(self):
         """Every indexable file: ``{source_id: (path, size, mtime_ns)}``."""
@@ -195,89 +170,8 @@ class KnowledgeBase:
         return sum(1 for s in (self.source_status() if sources is None else sources) if s["state"] == "ok")
 
     def _scan(self):
-        found, sources = {}, []
-        for root in self._roots():
-            before = len(found)
-            state, message = self._scan_root(root, found)
-            sources.append(dict(root, state=state, files=len(found) - before, message=message))
-        return found, sources
-
-    def _scan_root(self, root, found):
-        """Add the files of one root to ``found``; returns its ``(state, message)``."""
-        spec, label, path, source = self.spec, root["label"], root["path"], root["source"]
-        documents = root["kind"] == "documents"
-        named = f"source {source!r}" + (f" ({path})" if path != source else "")
-        if any(c in path for c in "*?["):
-            matched = [p for p in sorted(glob.glob(path, recursive=True)) if os.path.isfile(p)]
-            for match in matched:
-                self._add_file(found, label + "/" + os.path.basename(match), match)
-            if matched:
-                return "ok", None
-            parts = path.split(os.sep)
-            base = os.sep.join(itertools.takewhile(lambda part: not any(c in part for c in "*?["), parts))
-            if not os.path.isdir(base or os.sep):
-                return "missing", f"source {source!r} matches no file: {base} does not exist"
-            return "empty", f"source {source!r} matches no file"
-        if not os.path.exists(path):
-            if documents:
-                return "empty", f"no documents yet: drop files in {path}{os.sep} or upload them"
-            return "missing", f"{named} does not exist"
-        if os.path.isfile(path):
-            if not os.access(path, os.R_OK):
-                return "unreadable", f"{named} cannot be read: permission denied"
-            self._add_file(found, label, path)
-            return "ok", None
-        if not os.path.isdir(path):
-            return "unreadable", f"{named} is neither a file nor a folder"
-        try:
-            os.listdir(path)
-        except OSError as exc:
-            return "unreadable", f"{named} cannot be read: {exc.strerror or exc}"
-        failed = []  # folders below the root that could not be listed
-        before = len(found)
-        ignores = {path: GitIgnore()}
-        for dirpath, dirnames, filenames in os.walk(path, onerror=failed.append):
-            rel_dir = os.path.relpath(dirpath, path).replace(os.sep, "/")
-            rel_dir = "" if rel_dir == "." else rel_dir
-            rules = ignores.pop(dirpath, GitIgnore())
-            if spec.gitignore:
-                rules = rules.child(dirpath, rel_dir)
-            keep = []
-            for d in sorted(dirnames):
-                rel = f"{rel_dir}/{d}" if rel_dir else d
-                if d in ALWAYS_EXCLUDED_DIRS or (spec.gitignore and rules.ignored(rel, True)) \
-                        or glob_match(rel + "/", spec.exclude) or os.path.islink(os.path.join(dirpath, d)):
-                    continue
-                keep.append(d)
-                ignores[os.path.join(dirpath, d)] = rules
-            dirnames[:] = keep
-            for name in sorted(filenames):
-                rel = f"{rel_dir}/{name}" if rel_dir else name
-                if name == ".gitignore" or (spec.gitignore and rules.ignored(rel, False)):
-                    continue
-                if rel == UPLOAD_MANIFEST and documents:
-                    continue
-                if spec.include and not glob_match(rel, spec.include):
-                    continue
-                if glob_match(rel, spec.exclude):
-                    continue
-                self._add_file(found, f"{label}/{rel}", os.path.join(dirpath, name))
-        where = "" if not failed else "; %d folder%s below it could not be read (%s: %s)" % (
-            len(failed), "s" if len(failed) > 1 else "", failed[0].filename, failed[0].strerror or failed[0])
-        if len(found) > before:
-            return "ok", (named + ":" + where[1:]) if where else None
-        if documents:
-            return "empty", f"no documents yet: drop files in {path}{os.sep} or upload them" + where
-        return "empty", f"{named} holds no file that include/exclude let through" + where
-
-    @staticmethod
-    def _add_file(found, source_id, path):
-        try:
-            st = os.stat(path)
-        except OSError:
-            return
-        if stat.S_ISREG(st.st_mode):  # not a FIFO or device: reading one would block the indexer or never end
-            found[source_id] = (path, st.st_size, st.st_mtime_ns)
+        spec = self.spec
+        return scan_roots(self._roots(), spec.include, spec.exclude, spec.gitignore, skip={UPLOAD_MANIFEST})
 
     # -- indexing -----------------------------------------------------------
 
@@ -417,7 +311,8 @@ class KnowledgeBase:
         from .chunking import CHUNKING_VERSION  # here: a search never loads the chunker
 
         s = self.spec
-        return {"analyzer": ANALYZER_VERSION, "chunking": CHUNKING_VERSION, "strategy": s.strategy, "chunk_size": s.chunk_size, "chunk_overlap": s.chunk_overlap,
+        return {"analyzer": ANALYZER_VERSION, "chunking": CHUNKING_VERSION,
+                "strategy": s.strategy, "chunk_size": s.chunk_size, "chunk_overlap": s.chunk_overlap,
                 "k1": s.k1, "b": s.b, "retrieval": s.retrieval, "embedding": s.embedding, "compact": s.compact,
                 "embedding_model": getattr(getattr(self.embedder, "provider", None), "model", "")}
 

@@ -7,7 +7,7 @@ on their own.
 import test_kb
 from test_kb import make_kb, write
 
-from _ragproxy.sources import GitIgnore, glob_match
+from _ragproxy.sources import GitIgnore, glob_match, scan_roots, source_roots
 
 docs = test_kb.docs   # the fixture: a KB's documents folder with a.md, b.md, src/pool.py
 
@@ -88,3 +88,19 @@ def test_glob_match_gitignore_semantics():
     assert glob_match("a/x/y", ["a/**"]) and not glob_match("a", ["a/**"], is_dir=False)
     assert not glob_match("a/keep.log", ["*.log", "!keep.log"]) and glob_match("a/x.log", ["*.log", "!keep.log"])
     assert not glob_match("a.md", ["", "/", "!"])                     # empty patterns match nothing
+
+
+def test_scan_roots_states_and_labels_on_their_own(tmp_path):
+    write(str(tmp_path / "repo" / "numpy" / "core.py"), "x = 1\n")
+    write(str(tmp_path / "repo" / "numpy" / "tests" / "test_core.py"), "x = 2\n")
+    write(str(tmp_path / "documents" / "numpy" / "manifest.json"), "{}")
+    (tmp_path / "only-binaries").mkdir()
+    roots = source_roots("numpy", str(tmp_path), str(tmp_path / "documents" / "numpy"),
+                         ["repo/numpy", "/nowhere/at/all", "only-binaries", "repo/numpy/*.md"])
+    assert [r["label"] for r in roots] == ["documents", "numpy", "all", "only-binaries", "*.md"]
+    found, states = scan_roots(roots, exclude=("tests/",), skip={"manifest.json"})
+    assert sorted(found) == ["numpy/core.py"]
+    assert [(s["state"], s["files"]) for s in states] == [
+        ("empty", 0), ("ok", 1), ("missing", 0), ("empty", 0), ("empty", 0)]
+    assert "/nowhere/at/all" in states[2]["message"] and "does not exist" in states[2]["message"]
+
