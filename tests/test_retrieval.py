@@ -352,15 +352,20 @@ NUMPY_DOCS = dict({f"topic{i:02d}.md": f"# Topic {i}\n\nnumpy {t}.\n" for i, t i
 CMAKE_QUESTION = "which cmake setting chooses the language standard"
 
 
-def _two_kb_proxy(make_proxy, fake, tmp_path, folders, model_kbs, merge=None):
-    """A proxy whose llama3 model searches ``model_kbs``, in that order; ``folders``: kb -> {file: text}."""
+def _two_kb_proxy(make_proxy, fake, tmp_path, folders, model_kbs, merge=None, retrieval="lexical"):
+    """A proxy whose llama3 model searches ``model_kbs``, in that order; ``folders``: kb -> {file: text}.
+    Dense and hybrid KBs embed with the fake upstream's word hashing."""
     for kb, files in folders.items():
         folder = tmp_path / "documents" / kb
         folder.mkdir(parents=True)
         for name, text in files.items():
             (folder / name).write_text(text)
-    declared = "".join(f"  {kb}:\n    retrieval: lexical\n" for kb in folders)
+    embedding = "" if retrieval == "lexical" else "    embedding: emb\n"
+    declared = "".join(f"  {kb}:\n    retrieval: {retrieval}\n{embedding}" for kb in folders)
     text = proxy_config(fake.url, extra=f"knowledge_bases:\n{declared}rag:\n  top_k: 3\n")
+    if embedding:
+        text = text.replace("providers:\n", f'providers:\n  embedding:\n    emb: {{type: openai, base_url: '
+                                              f'"{fake.url}/v1", model: fake-embed}}\n', 1)
     text = text.replace('  - {name: "*", upstream: [ol, oa]}', f'  - {{name: "*", upstream: [ol, oa], kb: '
                         f'[{", ".join(model_kbs)}]{f", kb_merge: {merge}" if merge else ""}}}')
     p = make_proxy(text, data_dir=tmp_path)
@@ -379,6 +384,27 @@ def test_a_weak_kb_listed_first_takes_no_slot_from_a_strong_one(make_proxy, fake
     hits = p.app.retriever.search(["numpy", "cmake"], CMAKE_QUESTION, p.app.resolve_route("llama3"))
     assert [h.kb for h in hits] == ["cmake"] * 3
     assert hits[0].chunk["source"] == "cmake/cxx_standard.md"
+
+
+def test_hybrid_kbs_weigh_their_matches_on_one_scale(make_proxy, fake, tmp_path):
+    # Each hit's share of the question (lexical) and its cosine (dense), averaged.
+    p = _two_kb_proxy(make_proxy, fake, tmp_path, {"cmake": CMAKE_DOCS, "numpy": NUMPY_DOCS}, ["numpy", "cmake"],
+                      retrieval="hybrid")
+    assert len(p.app.knowledge_bases.get("numpy").search(CMAKE_QUESTION, 3)) == 3
+    hits = p.app.retriever.search(["numpy", "cmake"], CMAKE_QUESTION, p.app.resolve_route("llama3"))
+    assert [h.kb for h in hits] == ["cmake"] * 3
+    assert hits[0].chunk["source"] == "cmake/cxx_standard.md"
+
+
+def test_dense_kbs_are_merged_on_their_cosines(make_proxy, fake, tmp_path):
+    # The fake embedder hashes words, so numpy's "setting ... chooses" is as near the
+    # question as cmake's passages: both KBs pass the floor, and their hits interleave.
+    p = _two_kb_proxy(make_proxy, fake, tmp_path, {"cmake": CMAKE_DOCS, "numpy": NUMPY_DOCS}, ["numpy", "cmake"],
+                      retrieval="dense")
+    both = [h for kb in ("numpy", "cmake") for h in p.app.knowledge_bases.get(kb).search(CMAKE_QUESTION, 3)]
+    hits = p.app.retriever.search(["numpy", "cmake"], CMAKE_QUESTION, p.app.resolve_route("llama3"))
+    assert [h.id for h in hits] == [h.id for h in sorted(both, key=lambda h: -h.scores["dense"])[:3]]
+    assert {h.kb for h in hits} == {"numpy", "cmake"}
 
 
 def test_by_default_a_request_gets_the_passages_of_the_kb_that_matched(make_proxy, fake, tmp_path):
