@@ -427,6 +427,8 @@ def _cmd_index(args, kbs):
 def _cmd_search(args, kbs):
     import json
 
+    from .inject import line_range
+
     kb = _kb_or_fail(kbs, args.kb)
     if not args.query.strip():
         raise _CLIError("search: the query is empty; give the words to search for, e.g. "
@@ -434,7 +436,8 @@ def _cmd_search(args, kbs):
     hits = kb.search(args.query, args.top_k or kbs.config.rag["top_k"], mode=args.mode)
     for rank, hit in enumerate(hits, 1):
         c = hit.chunk
-        where = f"{c['source']}:{c.get('line_start', 0)}-{c.get('line_end', 0)}"
+        lines = line_range(c)  # as injected chunks are labelled: "362-389", "12", or none (a JSONL record)
+        where = f"{c['source']}:{lines}" if lines else c["source"]
         if args.json:
             print(json.dumps({"rank": rank, "id": hit.id, "score": hit.score, "scores": hit.scores,
                               "source": c["source"], "line_start": c.get("line_start"),

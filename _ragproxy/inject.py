@@ -416,7 +416,7 @@ def _chunk_values(chunk, index, content=None):
     score = chunk.get("score")
     if content is None:
         content = chunk.get("content", chunk.get("text"))
-    source, lines = _text_or_empty(chunk.get("source")), _line_range(chunk)
+    source, lines = _text_or_empty(chunk.get("source")), line_range(chunk)
     symbol = _text_or_empty(chunk.get("symbol"))
     headings = chunk.get("headings")
     section = " > ".join(str(h) for h in headings if h) if isinstance(headings, list) else ""
@@ -430,7 +430,7 @@ def _chunk_values(chunk, index, content=None):
     }
 
 
-def _line_range(chunk):
+def line_range(chunk):
     """"362-389", "12" for a one-line chunk, "" when the chunk has no line numbers."""
     start, end = chunk.get("line_start"), chunk.get("line_end")
     if not isinstance(start, int) or isinstance(start, bool) or start < 1:

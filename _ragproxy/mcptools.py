@@ -16,7 +16,7 @@ from the knowledge bases ``readable_kbs`` names for the caller's key; one
 that names another is a tool error, as a knowledge base still being indexed
 or failing is.
 
-May import: embeddings, metrics, npy.
+May import: embeddings, inject, metrics, npy.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import os
 import time
 
 from .embeddings import Deadline, EmbeddingError, RerankError
+from .inject import line_range
 from .metrics import MCP_TOOLS
 from .npy import StoreError
 
@@ -544,8 +545,8 @@ def _result_item(rank, hit):
     item = {"rank": rank, "kb": hit.kb, "source": str(chunk.get("source", "")), "id": str(hit.id),
             "score": round(float(hit.score), 4)}
     start, end = chunk.get("line_start") or 0, chunk.get("line_end") or 0
-    if start and end:
-        item.update(lines=f"{start}-{end}", line_start=start, line_end=end)
+    if start and end:  # the range as injected chunks are labelled with it: "362-389", or "12"
+        item.update(lines=line_range(chunk), line_start=start, line_end=end)
     for key in ("symbol", "title"):
         if chunk.get(key):
             item[key] = str(chunk[key])

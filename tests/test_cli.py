@@ -377,6 +377,16 @@ def test_top_k_must_be_a_positive_number(cli, tmp_path):
         [" 1.", " 2."]
 
 
+def test_search_cites_lines_as_injected_chunks_are_labelled(cli, tmp_path):
+    data = _data_dir(tmp_path)
+    (data / "documents" / "docs" / "one.md").write_text("Retry uploads five times.\n")
+    (data / "documents" / "docs" / "two.md").write_text("# Retry\n\nRetry uploads twice.\n")
+    assert cli("index", "--data-dir", data)[0] == 0
+    status, out, _ = cli("search", "docs", "retry uploads", "--data-dir", data)
+    cited = sorted(line.split()[2] for line in out.splitlines() if line[:3].strip().endswith("."))
+    assert status == 0 and cited == ["docs/one.md:1", "docs/two.md:1-3"]
+
+
 @pytest.mark.parametrize("query", ["", "   ", "\t\n"])
 def test_an_empty_query_is_an_error(cli, tmp_path, query):
     data = _data_dir(tmp_path)
