@@ -2,7 +2,8 @@
 
 Pure functions over parsed JSON bodies: extract_query (and question_text),
 turn_key and continues_turn, render_context (render_chunks, fill_template,
-estimate_tokens_text), inject.  Retrieval itself happens in ``retrieval``.
+estimate_tokens_text; line_range, how a chunk's lines are cited, which the
+CLI and MCP use too), inject.  Retrieval itself happens in ``retrieval``.
 Every field of a body comes from a client and may have any JSON type: a
 reader that meets a list where a string belongs skips it, never fails.
 
