@@ -31,7 +31,7 @@ import urllib.parse
 
 from . import __version__, deps
 from .api import ClientError, Response, json_bytes, json_response
-from .config import KB_NAME, ConfigError, copy_default, valid_kb_name
+from .config import KB_NAME, ConfigError, copy_default, model_field_choices, valid_kb_name
 from .docfolder import read_manifest
 from .embeddings import EmbeddingClient, EmbeddingError, RerankClient, RerankError
 from .files import remove_leftover_dirs
@@ -496,7 +496,8 @@ class Admin:
 
     def list_models(self, request):
         config = self.app.config
-        return json_response(200, {"models": [self._model_view(config, m["name"]) for m in config.raw["models"]]})
+        return json_response(200, {"models": [self._model_view(config, m["name"]) for m in config.raw["models"]],
+                                   "fields": model_field_choices()})
 
     def _model_index(self, models, name):
         for i, entry in enumerate(models):

@@ -201,6 +201,15 @@ _MODEL_SCHEMA = {
     "timeout_ms": _Field("int", 0, minimum=0),  # 0: rag.timeout_ms
 }
 
+
+def model_field_choices():
+    """``{field: {"default", "choices"}}`` for each model-mapping field with a closed set of values.
+
+    The panel's mapping form offers these, so its defaults are the schema's
+    and not a second copy of them."""
+    return {name: {"default": field.default, "choices": list(field.choices)}
+            for name, field in _MODEL_SCHEMA.items() if field.choices}
+
 _KB_SCHEMA = {
     "sources": _Field("str_list", []),
     "include": _Field("str_list", []),

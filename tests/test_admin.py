@@ -235,8 +235,13 @@ def test_model_mapping_crud(admin_proxy):
     status, _, body = admin.post("/admin/api/models", {"name": "coder-*", "upstream": ["oa"], "upstream_model": "qwen"})
     # Defaults filled in (kb_merge's default is chosen by bench/multi_kb.py's measurement, so read, not repeated).
     assert status == 201 and body["upstream"] == ["oa"] and body["kb_merge"] == ragproxy.ModelRoute.kb_merge
-    names = [m["name"] for m in admin.get("/admin/api/models")[2]["models"]]
+    listed = admin.get("/admin/api/models")[2]
+    names = [m["name"] for m in listed["models"]]
     assert names[-2:] == ["coder-*", "*"]  # before the catch-all
+    # What the panel's form offers: the schema's choices and defaults, not a copy of them.
+    assert listed["fields"]["kb_merge"] == {"default": ragproxy.ModelRoute.kb_merge,
+                                            "choices": ["priority", "concat", "rrf"]}
+    assert listed["fields"]["inject_mode"]["default"] == ragproxy.ModelRoute.inject_mode
     assert admin_proxy.app.resolve_route("coder-7b").upstream_model == "qwen"
     status, _, body = admin.put("/admin/api/models/coder-%2A", {"upstream": ["an"], "rerank": False})
     assert status == 200 and body["upstream"] == ["an"]

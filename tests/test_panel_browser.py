@@ -286,6 +286,8 @@ def test_providers_and_model_mappings(panel, fake, gateway):
     expect(dialog).to_have_count(0)
     new_row = panel.tid("model-row-panel-model")
     expect(new_row).to_contain_text("real-name")
+    created = next(m for m in proxy.app.config.raw["models"] if m["name"] == "panel-model")
+    assert created["kb_merge"] == ragproxy.ModelRoute.kb_merge  # the form's default is the schema's
     expect(new_row).to_contain_text("system_prepend")
     names = panel.tid("models-table").locator("tbody th").all_inner_texts()
     assert names[-1] == "*" and "panel-model" in names, names
