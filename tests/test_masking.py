@@ -91,6 +91,36 @@ def test_masked_text_sent_back_restores_every_key(parser):
     assert masking.restore_text(CONFIG, CONFIG) == CONFIG   # nothing masked: nothing changes
 
 
+SCOPED = """\
+api_keys:
+  - key: block-scoped-key-0001     # team ops
+    name: ops
+    kbs: [ops, runbooks]
+    models:
+      - "gpt-*"
+      - claude-*
+  - {key: "flow-scoped-key-0002", name: ci, kbs: "*", models: ["*"]}
+  - {key: 'passthrough-key-0003', name: plain, kbs: []}
+  - {key: "${CLIENT_KEY}", name: env, kbs: [ops], models: "*"}
+"""
+
+
+def test_scoped_key_mappings_mask_the_key_only_and_come_back(parser):
+    masked = masking.mask_text(SCOPED)
+    for secret in ("block-scoped-key-0001", "flow-scoped-key-0002", "passthrough-key-0003"):
+        assert secret not in masked, secret
+    assert len(masked.splitlines()) == len(SCOPED.splitlines()) and "# team ops" in masked
+    data = load_yaml(masked)[0]["api_keys"]
+    assert data[0] == {"key": "blo\u2022\u2022\u2022\u20220001", "name": "ops", "kbs": ["ops", "runbooks"],
+                       "models": ["gpt-*", "claude-*"]}
+    assert data[1] == {"key": "flo\u2022\u2022\u2022\u20220002", "name": "ci", "kbs": "*", "models": ["*"]}
+    assert data[2] == {"key": "pas\u2022\u2022\u2022\u20220003", "name": "plain", "kbs": []}
+    assert data[3]["key"] == "${CLIENT_KEY}"   # a reference is shown as written
+    # The panel edits a scope in the editor and saves: the keys come back, the edit stays.
+    edited = masked.replace("kbs: []", "kbs: [ops]")
+    assert masking.restore_text(edited, SCOPED) == SCOPED.replace("kbs: []", "kbs: [ops]")
+
+
 def test_a_new_key_typed_over_a_mask_is_kept_and_a_key_moves_with_its_provider(parser):
     masked = masking.mask_text(CONFIG)
     typed = masked.replace("flo\u2022\u2022\u2022\u2022ey-9", "a-brand-new-upstream-key")
