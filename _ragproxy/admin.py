@@ -6,7 +6,8 @@ comes back to the same state.  The route table is also the OpenAPI
 document.  The panel itself is static/panel.html, read beside the package.
 Keys (client api_keys, providers' api_key and credential headers) leave it
 masked, in the views and in config.yaml's text alike; a masked key sent back
-unchanged keeps the stored one (see masking).
+unchanged keeps the stored one (see masking).  A client key made here (created
+or rotated) is random and is shown in full once, in that answer, never again.
 
 May import: api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, uploads, upstream,
 yamlish.
@@ -24,6 +25,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import shutil
 import threading
 import time
@@ -40,7 +42,7 @@ from .jsonbody import json_object_of
 from .masking import MaskError, is_secret_header, mask_secret, mask_text, restore, restore_text
 from .uploads import UploadError, UploadLimits, Uploads
 from .upstream import UpstreamError
-from .yamlish import YAMLError
+from .yamlish import YAMLError, load_yaml
 
 log = logging.getLogger("ragproxy")
 
@@ -49,6 +51,7 @@ _TOKEN_HEAD = {"alg": "HS256", "typ": "JWT"}
 _TOKEN_AUDIENCE = "ragproxy-admin"
 _PROVIDER_KINDS = ("llm", "embedding", "rerank")
 _PROVIDER_NAME = KB_NAME
+_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _PANEL_HEADERS = [
     ("Content-Type", "text/html; charset=utf-8"),
     ("Cache-Control", "no-store"),
@@ -216,6 +219,11 @@ _ADMIN_ROUTES = (
     _AdminRoute("POST", "models", "create_model", "Add a model mapping"),
     _AdminRoute("PUT", "models/{name}", "update_model", "Change a model mapping"),
     _AdminRoute("DELETE", "models/{name}", "delete_model", "Remove a model mapping"),
+    _AdminRoute("GET", "keys", "list_keys", "Client API keys, masked, with their scopes"),
+    _AdminRoute("POST", "keys", "create_key", "Add a client API key (generated; the answer shows it once)"),
+    _AdminRoute("PUT", "keys/{name}", "update_key",
+                "Rename a key or change its scope; rotate: true replaces the key (shown once)"),
+    _AdminRoute("DELETE", "keys/{name}", "delete_key", "Remove a client API key"),
     _AdminRoute("GET", "kbs", "list_kbs", "Knowledge bases with counts, size and indexing state"),
     _AdminRoute("POST", "kbs", "create_kb", "Create a knowledge base"),
     _AdminRoute("GET", "kbs/{kb}", "get_kb", "One knowledge base"),
@@ -293,6 +301,9 @@ class Admin:
         self.config_file = config_file
         self.clock = clock or app.clock
         self.rng = rng or app.rng
+        # Client keys come from the system's CSPRNG unless a test injects one: app.rng is a Mersenne
+        # Twister, and the session tokens' jti values would give its state away.
+        self.key_rng = rng if rng is not None else secrets.SystemRandom()
         self.throttle = _LoginThrottle(self.clock)
         self.uploads = Uploads(clock=self.clock)  # one per process: its locks order manifest updates
 
@@ -553,6 +564,173 @@ class Admin:
             del models[self._model_index(models, name)]
 
         self._change(change)
+        return json_response(200, {"deleted": name})
+
+    # -- client API keys ----------------------------------------------------
+
+    def _written_keys(self):
+        """api_keys as config.yaml writes them (``${VAR}`` unreplaced); None if the file cannot say."""
+        try:
+            data, _ = load_yaml(self.config_file.read_text())
+        except (OSError, UnicodeDecodeError, YAMLError):
+            return None
+        keys = data.get("api_keys") if isinstance(data, dict) else None
+        return keys if isinstance(keys, list) else None
+
+    @staticmethod
+    def _key_view(entry, written=None):
+        """One key as the admin API shows it: masked (an ``${VAR}`` reference as written), its scope."""
+        from_environment = isinstance(written, str) and "${" in written
+        return {"name": entry["name"], "masked_key": mask_secret(written if from_environment else entry["key"]),
+                "kbs": entry.get("kbs", "*"), "models": entry.get("models", ["*"]),
+                "explicit": bool(entry.get("explicit", False)), "from_environment": from_environment}
+
+    def _key_views(self, config):
+        written = self._written_keys()
+        if written is None or len(written) != len(config.api_keys):
+            written = [None] * len(config.api_keys)   # the file changed meanwhile: show what runs
+        return [self._key_view(entry, item.get("key") if isinstance(item, dict) else item)
+                for entry, item in zip(config.api_keys, written)]
+
+    def _key_answer(self, config, name, key=None):
+        """The view of the key now named ``name``; with ``key``, the key itself, this once."""
+        index = next(i for i, entry in enumerate(config.api_keys) if entry["name"] == name)
+        view = self._key_views(config)[index]
+        if key is not None:
+            view["key"] = key
+        # The one answer that holds a usable key: no cache along the way may keep it.
+        return view, [("Cache-Control", "no-store")]
+
+    def _new_key(self):
+        return "rp-" + _b64url(self.key_rng.getrandbits(192).to_bytes(24, "big"))
+
+    def _key_fields(self, body, allowed, current_kbs=()):
+        """The scope fields of a key request, checked; ClientError 400 for anything else.
+
+        A KB name must be one the proxy knows, or already in the key's scope (``current_kbs``):
+        a KB deleted since stays until it is unticked, as config.py only warns about it.
+        """
+        if "key" in body:
+            raise ClientError(400, "a key is generated, never sent: create one, or rotate it with "
+                                   "'rotate': true", "invalid_key_field")
+        unknown = sorted(set(body) - set(allowed))
+        if unknown:
+            raise ClientError(400, f"unknown field {unknown[0]!r} (a key takes {', '.join(allowed)})")
+        fields = {}
+        if "name" in body:
+            name = body["name"]
+            if not isinstance(name, str) or not _KEY_NAME.match(name):
+                raise ClientError(400, "'name' must be letters, digits, '_', '-', '.' and '@' (64 at most, "
+                                       "starting with a letter or digit)", "invalid_name")
+            fields["name"] = name
+        if "kbs" in body:
+            kbs = body["kbs"]
+            if kbs != "*":
+                if not isinstance(kbs, list) or not all(isinstance(k, str) for k in kbs):
+                    raise ClientError(400, "'kbs' must be \"*\" (every knowledge base) or a list of knowledge "
+                                           "base names ([] for none: requests pass through without context)",
+                                      "invalid_scope")
+                known = self.app.config.knowledge_bases
+                for kb in kbs:
+                    if kb not in known and kb not in current_kbs:
+                        raise ClientError(400, f"no knowledge base {kb!r} (there are: "
+                                               f"{', '.join(sorted(known)) or 'none'})", "invalid_scope")
+                kbs = list(dict.fromkeys(kbs))
+            fields["kbs"] = kbs
+        if "models" in body:
+            models = ["*"] if body["models"] == "*" else body["models"]
+            if not isinstance(models, list) or not all(isinstance(m, str) and m.strip() for m in models):
+                raise ClientError(400, "'models' must be \"*\" or a list of model names or globs "
+                                       "('gpt-*')", "invalid_scope")
+            fields["models"] = list(dict.fromkeys(m.strip() for m in models))
+        return fields
+
+    @staticmethod
+    def _key_names(keys):
+        # The name a key without one goes by (in the request log too): its place in the list,
+        # as config's api_keys check names it.
+        return [(str(item["name"]) if isinstance(item, dict) and item.get("name") is not None else "")
+                or f"key{i + 1}" for i, item in enumerate(keys)]
+
+    def _key_index(self, keys, name):
+        found = [i for i, written in enumerate(self._key_names(keys)) if written == name]
+        if not found:
+            raise ClientError(404, f"no API key named {name!r}", "not_found")
+        if len(found) > 1:
+            raise ClientError(409, f"{len(found)} API keys are named {name!r}: give them different names in "
+                                   "the settings editor first", "conflict")
+        return found[0]
+
+    def list_keys(self, request):
+        config = self.app.config
+        return json_response(200, {"keys": self._key_views(config),
+                                   "require_acl": bool(config.raw["security"].get("require_acl", False))})
+
+    def create_key(self, request):
+        fields = self._key_fields(_json_object(request), ("name", "kbs", "models"))
+        name = fields.get("name")
+        if name is None:
+            raise ClientError(400, "'name' is required (it names the key in the request log)", "invalid_name")
+        key = self._new_key()
+
+        def change(data):
+            keys = _config_list(data, "api_keys")
+            if name in self._key_names(keys):
+                raise ClientError(409, f"an API key named {name!r} exists already", "conflict")
+            keys.append({"key": key, **fields})
+
+        config = self._change(change)
+        log.info("API key %r added through the admin API from %s", name, request.client)
+        view, headers = self._key_answer(config, name, key)
+        return json_response(201, view, headers)
+
+    def update_key(self, request, name):
+        body = _json_object(request)
+        rotate = body.pop("rotate", False)
+        if not isinstance(rotate, bool):
+            raise ClientError(400, "'rotate' must be true or false")
+        current = next((entry for entry in self.app.config.api_keys if entry["name"] == name), {})
+        kept = current.get("kbs") if isinstance(current.get("kbs"), list) else ()
+        fields = self._key_fields(body, ("name", "kbs", "models"), current_kbs=kept)
+        new_name = fields.get("name", name)
+        key = self._new_key() if rotate else None
+
+        def change(data):
+            keys = _config_list(data, "api_keys")
+            i = self._key_index(keys, name)
+            if new_name != name and new_name in self._key_names(keys):
+                raise ClientError(409, f"an API key named {new_name!r} exists already", "conflict")
+            entry = keys[i] if isinstance(keys[i], dict) else {"key": keys[i]}
+            if rotate and "${" in str(entry.get("key")):
+                raise ClientError(409, f"the key {name!r} is read from the environment ({entry['key']}): "
+                                       "change the variable, or delete this key and create one", "conflict")
+            entry = {**entry, **fields, "name": new_name}
+            if rotate:
+                entry["key"] = key
+            keys[i] = entry
+
+        config = self._change(change)
+        log.info("API key %r %s through the admin API from %s", name,
+                 "rotated" if rotate else "changed" if new_name == name else f"renamed to {new_name!r}",
+                 request.client)
+        view, headers = self._key_answer(config, new_name, key)
+        return json_response(200, view, headers)
+
+    def delete_key(self, request, name):
+        _json_object(request)
+
+        def change(data):
+            keys = _config_list(data, "api_keys")
+            i = self._key_index(keys, name)
+            # A key without a name goes by its place; the ones after it keep theirs.
+            for j, written in enumerate(self._key_names(keys)[i + 1:], i + 1):
+                item = keys[j]
+                if not (isinstance(item, dict) and item.get("name")):
+                    keys[j] = {**(item if isinstance(item, dict) else {"key": item}), "name": written}
+            del keys[i]
+
+        self._change(change)
+        log.info("API key %r removed through the admin API from %s", name, request.client)
         return json_response(200, {"deleted": name})
 
     # -- knowledge bases ----------------------------------------------------
@@ -931,7 +1109,7 @@ def _openapi_document():
               "parameters": [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names],
               "responses": {"200" if route.method in ("GET", "PUT", "DELETE") else
                             {"create_provider": "201", "create_model": "201", "create_kb": "201",
-                             "upload": "201", "reindex_kb": "202"}.get(route.handler, "200"):
+                             "create_key": "201", "upload": "201", "reindex_kb": "202"}.get(route.handler, "200"):
                             {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}},
                             "400": error, "404": error}}
         if not route.public:
@@ -943,6 +1121,8 @@ def _openapi_document():
                                       "content": {"application/json": {"schema": {"type": "object"}}}}
             op["responses"]["409"] = error   # the upload manifest cannot be read
             op["responses"]["413"] = error   # a single file or the whole upload over a cap
+        if route.handler in ("create_key", "update_key"):
+            op["responses"]["409"] = error   # a name taken, or a key from the environment to rotate
         if route.method in ("POST", "PUT"):
             content_type = "multipart/form-data" if route.handler == "upload" else "application/json"
             schema = ({"type": "object", "properties": {"files": {"type": "array", "items":

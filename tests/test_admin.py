@@ -904,3 +904,193 @@ def test_models_show_a_reranker_switched_off_by_a_permanent_error(make_admin_pro
     proxy.app.retriever.search(["notes"], "copper kettle", proxy.app.resolve_route("anything"))
     off = status()
     assert off["active"] is False and off["provider"] == "rr" and "switched off" in off["reason"]
+
+
+# -- client API keys ------------------------------------------------------------
+
+OPS_DOC = "# Pager\n\nThe pager rotates every Tuesday at noon; payroll questions go to the duty manager.\n"
+HR_DOC = "# Payroll\n\nPayroll closes on the twentieth: payroll corrections after the payroll close wait a month.\n"
+
+
+def _scoped_proxy(make_admin_proxy, fake, extra_keys=""):
+    """Two KBs (ops, hr) behind the gpt-* models, each with one document, indexed."""
+    text = proxy_config(fake.url, extra="knowledge_bases:\n  ops: {retrieval: lexical}\n  hr: {retrieval: lexical}\n")
+    text = text.replace('  - {name: "gpt-*", upstream: oa}', '  - {name: "gpt-*", upstream: oa, kb: [ops, hr]}')
+    if extra_keys:
+        text = text.replace(f"api_keys: [{API_KEY}]", "api_keys:\n" + extra_keys)
+    proxy = make_admin_proxy(text)
+    for kb, doc in (("ops", OPS_DOC), ("hr", HR_DOC)):
+        folder = proxy.data_dir / "documents" / kb
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{kb}.md").write_text(doc)
+    proxy.app.knowledge_bases.index_all()
+    return proxy
+
+
+def _sent_upstream(fake):
+    return json.dumps(fake.last.json)
+
+
+def _ask(proxy, key, model="gpt-4o", **kw):
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0, timeout=10)
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content":
+                                                                  "When does payroll close, and the pager?"}], **kw)
+
+
+def test_a_key_made_in_the_admin_api_is_shown_once_and_reads_only_its_kbs(make_admin_proxy, fake):
+    proxy = _scoped_proxy(make_admin_proxy, fake)
+    admin = proxy.admin()
+    answers = []   # every admin answer but the one-time ones must lack the key
+
+    def call(method, path, body=None):
+        status, resp, reply = admin.request(method, path, body)
+        answers.append(json.dumps(reply))
+        return status, resp, reply
+
+    # Unscoped, the old key reads both KBs: the payroll passage reaches the model.
+    _ask(proxy, API_KEY)
+    assert "payroll corrections" in _sent_upstream(fake)
+
+    status, resp, made = admin.post("/admin/api/keys", {"name": "team-ops", "kbs": ["ops"], "models": ["gpt-*"]})
+    assert status == 201, made
+    key = made["key"]
+    assert key.startswith("rp-") and len(key) >= 32 and resp.getheader("Cache-Control") == "no-store"
+    assert made["masked_key"] == key[:3] + "\u2022" * 4 + key[-4:]
+    assert {k: made[k] for k in ("name", "kbs", "models", "explicit")} == \
+        {"name": "team-ops", "kbs": ["ops"], "models": ["gpt-*"], "explicit": True}
+    written = ragproxy.Config.load(str(proxy.config_path), environ={}).api_keys
+    assert written[-1] == {"key": key, "name": "team-ops", "kbs": ["ops"], "models": ["gpt-*"], "explicit": True}
+
+    status, _, listing = call("GET", "/admin/api/keys")
+    assert status == 200 and listing["require_acl"] is False
+    assert [(k["name"], k["kbs"], k["models"], k["explicit"]) for k in listing["keys"]] == [
+        ("key1", "*", ["*"], False), ("team-ops", ["ops"], ["gpt-*"], True)]
+    assert listing["keys"][0]["masked_key"] == API_KEY[:3] + "\u2022" * 4 + API_KEY[-4:]
+    assert call("GET", "/admin/api/settings")[2]["text"].count(made["masked_key"]) == 1
+
+    # The key works at once, for its KB only; the other KB and other models are refused.
+    _ask(proxy, key)
+    assert "Tuesday at noon" in _sent_upstream(fake) and "payroll corrections" not in _sent_upstream(fake)
+    with pytest.raises(openai.PermissionDeniedError):
+        _ask(proxy, key, extra_headers={"X-Ragproxy-KB": "hr"})
+    with pytest.raises(openai.PermissionDeniedError):
+        _ask(proxy, key, model="claude-3-haiku")
+
+    # Rename and widen: the key itself is unchanged, and not in the answer.
+    status, resp, changed = call("PUT", "/admin/api/keys/team-ops", {"name": "team-all", "kbs": ["ops", "hr"]})
+    assert status == 200 and "key" not in changed and changed["name"] == "team-all"
+    assert changed["kbs"] == ["ops", "hr"] and changed["models"] == ["gpt-*"]
+    _ask(proxy, key)
+    assert "payroll corrections" in _sent_upstream(fake)
+    assert call("PUT", "/admin/api/keys/team-ops", {"kbs": "*"})[0] == 404
+
+    # Rotation: a new key, shown in that answer; the old one stops working.
+    status, resp, rotated = admin.put("/admin/api/keys/team-all", {"rotate": True})
+    assert status == 200 and resp.getheader("Cache-Control") == "no-store"
+    new_key = rotated["key"]
+    assert new_key != key and new_key.startswith("rp-") and rotated["kbs"] == ["ops", "hr"]
+    with pytest.raises(openai.AuthenticationError):
+        _ask(proxy, key)
+    _ask(proxy, new_key)
+
+    status, _, body = call("DELETE", "/admin/api/keys/team-all")
+    assert status == 200 and body == {"deleted": "team-all"}
+    with pytest.raises(openai.AuthenticationError):
+        _ask(proxy, new_key)
+    assert call("DELETE", "/admin/api/keys/team-all")[0] == 404
+    assert [k["name"] for k in call("GET", "/admin/api/keys")[2]["keys"]] == ["key1"]
+    for answer in answers:
+        assert key not in answer and new_key not in answer and API_KEY not in answer
+    assert ragproxy.Config.load(str(proxy.config_path), environ={}).raw == proxy.app.config.raw
+
+
+@pytest.mark.parametrize("body, status, code", [
+    ({"kbs": ["ops"]}, 400, "invalid_name"),                                      # no name
+    ({"name": "key1"}, 409, "conflict"),                                          # the existing key's name
+    ({"name": "has space"}, 400, "invalid_name"),
+    ({"name": "x", "kbs": ["nope"]}, 400, "invalid_scope"),                       # no such KB
+    ({"name": "x", "kbs": "ops"}, 400, "invalid_scope"),                          # a list, or "*"
+    ({"name": "x", "kbs": [1]}, 400, "invalid_scope"),
+    ({"name": "x", "models": [""]}, 400, "invalid_scope"),
+    ({"name": "x", "models": "gpt-*"}, 400, "invalid_scope"),
+    ({"name": "x", "key": "my-own-key-123456"}, 400, "invalid_key_field"),        # keys are generated
+    ({"name": "x", "scope": "*"}, 400, None),
+])
+def test_a_bad_key_request_is_refused_and_changes_nothing(make_admin_proxy, fake, body, status, code):
+    proxy = _scoped_proxy(make_admin_proxy, fake)
+    admin = proxy.admin()
+    before = proxy.config_path.read_text()
+    got, _, reply = admin.post("/admin/api/keys", body)
+    assert got == status, reply
+    assert reply["error"]["message"] and reply["error"]["type"] and reply["error"]["code"] == code
+    assert proxy.config_path.read_text() == before and len(proxy.app.config.api_keys) == 1
+
+
+def test_a_bad_key_change_is_refused_and_changes_nothing(make_admin_proxy, fake):
+    proxy = _scoped_proxy(make_admin_proxy, fake, extra_keys=f"  - {API_KEY}\n  - {{key: other-key-0002, name: ci}}\n")
+    admin = proxy.admin()
+    before = proxy.config_path.read_text()
+    for path, body, status in (("ci", {"name": "key1"}, 409),          # taken by the plain key
+                               ("ci", {"rotate": "yes"}, 400),
+                               ("ci", {"kbs": ["nope"]}, 400),
+                               ("ci", {"key": "typed-key-123456"}, 400),
+                               ("nobody", {"kbs": "*"}, 404)):
+        got, _, reply = admin.put(f"/admin/api/keys/{path}", body)
+        assert got == status and reply["error"]["message"], (path, body, reply)
+    assert proxy.config_path.read_text() == before
+
+
+def test_a_config_error_from_a_key_change_comes_back_in_the_admin_shape(make_admin_proxy, fake):
+    # require_acl: a key must name both its KBs and its models.
+    text = proxy_config(fake.url, extra="security: {require_acl: true}\n").replace(
+        f"api_keys: [{API_KEY}]", f"api_keys: [{{key: {API_KEY}, name: laptop, kbs: '*', models: '*'}}]")
+    proxy = make_admin_proxy(text)
+    admin = proxy.admin()
+    assert admin.get("/admin/api/keys")[2]["require_acl"] is True
+    status, _, reply = admin.post("/admin/api/keys", {"name": "half", "kbs": "*"})
+    assert status == 400 and reply["error"]["code"] == "invalid_config", reply
+    assert "api_keys[1]" in reply["error"]["message"] and "Traceback" not in reply["error"]["message"]
+    status, _, made = admin.post("/admin/api/keys", {"name": "whole", "kbs": "*", "models": ["*"]})
+    assert status == 201 and made["explicit"] is True
+
+
+def test_keys_from_the_environment_stay_references(make_admin_proxy, fake):
+    keys = ('  - "${CLIENT_KEY:-env-client-key-0001}"\n'
+            '  - plain-client-key-0002\n'
+            '  - {key: "${CI_KEY:-env-ci-key-000003}", name: ci}\n')
+    proxy = _scoped_proxy(make_admin_proxy, fake, extra_keys=keys)
+    admin = proxy.admin()
+    listing = admin.get("/admin/api/keys")[2]["keys"]
+    assert [(k["name"], k["masked_key"], k["from_environment"]) for k in listing] == [
+        ("key1", "${CLIENT_KEY:-env-client-key-0001}", True), ("key2", "pla\u2022\u2022\u2022\u20220002", False),
+        ("ci", "${CI_KEY:-env-ci-key-000003}", True)]
+    # A scope change keeps the reference as written; rotating it would drop it, so it is refused.
+    status, _, body = admin.put("/admin/api/keys/key1", {"kbs": ["hr"], "models": ["*"]})
+    assert status == 200 and body["masked_key"] == "${CLIENT_KEY:-env-client-key-0001}", body
+    status, _, body = admin.put("/admin/api/keys/ci", {"rotate": True})
+    assert status == 409 and "environment" in body["error"]["message"] and "key" not in body
+    written = proxy.config_path.read_text()
+    assert "${CLIENT_KEY:-env-client-key-0001}" in written and "${CI_KEY:-env-ci-key-000003}" in written
+    _ask(proxy, "env-client-key-0001")
+    assert "payroll corrections" in _sent_upstream(fake) and "Tuesday" not in _sent_upstream(fake)
+    # Deleting the first key leaves the next one its name (key2), not the first's.
+    assert admin.delete("/admin/api/keys/key1")[0] == 200
+    assert [k["name"] for k in admin.get("/admin/api/keys")[2]["keys"]] == ["key2", "ci"]
+    assert {e["name"]: e["key"] for e in proxy.app.config.api_keys} == {"key2": "plain-client-key-0002",
+                                                                       "ci": "env-ci-key-000003"}
+    assert "${CI_KEY:-env-ci-key-000003}" in proxy.config_path.read_text()
+
+
+def test_keys_come_from_the_injected_rng_else_the_system_csprng(tmp_path, fake):
+    import random
+    import secrets
+    app, admin, _ = _in_process_admin(tmp_path, fake.url)
+    assert isinstance(admin.key_rng, secrets.SystemRandom) and admin.key_rng is not app.rng
+    seeded = ragproxy.Admin(app, ADMIN_KEY, admin.config_file, rng=random.Random(7))
+    app.admin = seeded
+    token = _call(app, "POST", "/admin/api/login", {"key": ADMIN_KEY})[1]["token"]
+    status, made = _call(app, "POST", "/admin/api/keys", {"name": "seeded"}, token=token)
+    replay = random.Random(7)
+    replay.getrandbits(128)   # the login's token id
+    expected = "rp-" + _b64url(replay.getrandbits(192).to_bytes(24, "big"))
+    assert status == 201 and made["key"] == expected

@@ -729,3 +729,121 @@ def _multipart_body(files, boundary="----panelTestBoundary"):
                    "Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
     out.append(f"--{boundary}--\r\n".encode())
     return b"".join(out), f"multipart/form-data; boundary={boundary}"
+
+
+OPS_MD = "# Pager\n\nThe pager rotates every Tuesday at noon; payroll questions go to the duty manager.\n"
+HR_MD = "# Payroll\n\nPayroll closes on the twentieth: payroll corrections after the payroll close wait a month.\n"
+
+
+@pytest.fixture
+def keys_panel(browser, make_admin_proxy, fake):
+    """Two KBs (ops, hr) behind the gpt-* models, indexed."""
+    text = proxy_config(fake.url, extra="knowledge_bases:\n  ops: {retrieval: lexical}\n  hr: {retrieval: lexical}\n")
+    proxy = make_admin_proxy(text.replace('  - {name: "gpt-*", upstream: oa}',
+                                          '  - {name: "gpt-*", upstream: oa, kb: [ops, hr]}'))
+    for kb, doc in (("ops", OPS_MD), ("hr", HR_MD)):
+        (proxy.data_dir / "documents" / kb).mkdir(parents=True, exist_ok=True)
+        (proxy.data_dir / "documents" / kb / f"{kb}.md").write_text(doc)
+    proxy.app.knowledge_bases.index_all()
+    yield from _panel_on(browser, proxy)
+
+
+def _ask_with(proxy, key, fake, **kw):
+    import json
+
+    import openai
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0, timeout=10)
+    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content":
+                                                              "When does payroll close, and the pager?"}], **kw)
+    return json.dumps(fake.last.json)
+
+
+def test_a_key_made_in_the_panel_is_shown_once_masked_after_and_reads_only_its_kb(keys_panel, fake):
+    import openai
+    page, proxy = keys_panel.page, keys_panel.proxy
+    panel = keys_panel
+    panel.login()
+    panel.nav("keys", "keys-table")
+    expect(panel.tid("key-row-key1").get_by_test_id("key-masked")).to_have_text(
+        API_KEY[:3] + "\u2022" * 4 + API_KEY[-4:])
+    expect(panel.tid("key-row-key1").get_by_test_id("key-kbs-all")).to_be_visible()
+    assert API_KEY not in page.content()
+
+    # Create, from the keyboard after the first click: a KB scope and a model glob.
+    panel.tid("key-new").click()
+    dialog = panel.tid("key-dialog")
+    expect(dialog.locator("input[name=name]")).to_be_focused()
+    page.keyboard.type("team-ops")
+    expect(dialog.locator("input[name=kbs]").first).to_be_disabled()   # "all" is chosen until "only these"
+    dialog.locator("input[name=kb_mode][value=some]").check()
+    dialog.locator("input[name=kbs][value=ops]").check()
+    dialog.locator("textarea[name=models]").fill("gpt-*")
+    dialog.get_by_test_id("dialog-submit").click()
+    expect(dialog).to_have_count(0)
+
+    reveal = panel.tid("key-reveal")
+    expect(reveal).to_be_visible()
+    expect(reveal.get_by_test_id("key-copy")).to_be_focused()
+    key = reveal.get_by_test_id("key-reveal-value").input_value()
+    assert key.startswith("rp-") and len(key) >= 32
+    assert next(e for e in proxy.app.config.api_keys if e["name"] == "team-ops")["key"] == key
+    page.keyboard.press("Enter")   # the focused Copy button
+    expect(reveal.get_by_test_id("key-copy-status")).to_contain_text(re.compile(r"Copied|Ctrl\+C"))
+    panel.shot("keys-reveal")
+    page.keyboard.press("Escape")
+    expect(reveal).to_have_count(0)
+
+    # Gone from the page for good: the list shows it masked, with its scope.
+    row = panel.tid("key-row-team-ops")
+    expect(row.get_by_test_id("key-masked")).to_have_text(key[:3] + "\u2022" * 4 + key[-4:])
+    expect(row.get_by_test_id("key-kbs")).to_have_text("ops")
+    expect(row.get_by_test_id("key-models")).to_have_text("gpt-*")
+    expect(row.get_by_test_id("key-explicit")).to_be_visible()
+    expect(row.get_by_test_id("key-edit")).to_be_focused()
+    assert key not in page.content()
+    panel.shot("keys")
+
+    # The one-time value works from an SDK, for its own KB only.
+    sent = _ask_with(proxy, key, fake)
+    assert "Tuesday at noon" in sent and "payroll corrections" not in sent
+    with pytest.raises(openai.PermissionDeniedError):
+        _ask_with(proxy, key, fake, extra_headers={"X-Ragproxy-KB": "hr"})
+
+    # Widen it to every KB in the panel: the same key now gets the payroll passage.
+    row.get_by_test_id("key-edit").click()
+    dialog = panel.tid("key-dialog")
+    dialog.locator("input[name=kb_mode][value=all]").check()
+    dialog.get_by_test_id("dialog-submit").click()
+    expect(dialog).to_have_count(0)
+    expect(panel.tid("key-row-team-ops").get_by_test_id("key-kbs-all")).to_be_visible()
+    assert "payroll corrections" in _ask_with(proxy, key, fake)
+
+    # Rotate (confirmed): a new key shown once, the old one refused.
+    panel.tid("key-row-team-ops").get_by_test_id("key-rotate").click()
+    panel.tid("confirm-dialog").get_by_test_id("dialog-submit").click()
+    reveal = panel.tid("key-reveal")
+    new_key = reveal.get_by_test_id("key-reveal-value").input_value()
+    assert new_key.startswith("rp-") and new_key != key
+    reveal.get_by_test_id("dialog-close").click()
+    expect(panel.tid("key-row-team-ops").get_by_test_id("key-masked")).to_have_text(
+        new_key[:3] + "\u2022" * 4 + new_key[-4:])
+    assert new_key not in page.content()
+    with pytest.raises(openai.AuthenticationError):
+        _ask_with(proxy, key, fake)
+    _ask_with(proxy, new_key, fake)
+
+    # A taken name is refused in the dialog, which stays open with the API's words.
+    panel.tid("key-new").click()
+    dialog = panel.tid("key-dialog")
+    dialog.locator("input[name=name]").fill("key1")
+    dialog.get_by_test_id("dialog-submit").click()
+    expect(dialog.get_by_test_id("dialog-error")).to_contain_text("exists already")
+    dialog.get_by_test_id("dialog-cancel").click()
+
+    # Delete (confirmed): the row and the key are gone.
+    panel.tid("key-row-team-ops").get_by_test_id("key-delete").click()
+    panel.tid("confirm-dialog").get_by_test_id("dialog-submit").click()
+    expect(panel.tid("key-row-team-ops")).to_have_count(0)
+    with pytest.raises(openai.AuthenticationError):
+        _ask_with(proxy, new_key, fake)
+    assert new_key not in proxy.config_path.read_text()
