@@ -663,7 +663,7 @@ class Admin:
 
     def list_keys(self, request):
         config = self.app.config
-        return json_response(200, {"keys": self._key_views(config),
+        return json_response(200, {"keys": self._key_views(config), "api_key_auth": config.api_key_auth,
                                    "require_acl": bool(config.raw["security"].get("require_acl", False))})
 
     def create_key(self, request):

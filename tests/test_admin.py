@@ -962,7 +962,7 @@ def test_a_key_made_in_the_admin_api_is_shown_once_and_reads_only_its_kbs(make_a
     assert written[-1] == {"key": key, "name": "team-ops", "kbs": ["ops"], "models": ["gpt-*"], "explicit": True}
 
     status, _, listing = call("GET", "/admin/api/keys")
-    assert status == 200 and listing["require_acl"] is False
+    assert status == 200 and listing["require_acl"] is False and listing["api_key_auth"] is True
     assert [(k["name"], k["kbs"], k["models"], k["explicit"]) for k in listing["keys"]] == [
         ("key1", "*", ["*"], False), ("team-ops", ["ops"], ["gpt-*"], True)]
     assert listing["keys"][0]["masked_key"] == API_KEY[:3] + "\u2022" * 4 + API_KEY[-4:]
