@@ -26,7 +26,10 @@ DEFAULT_REQUEST_LOG_PATH = os.path.join("logs", "requests.db")
 
 #: Every outcome a request's retrieval can have.  "skipped" means retrieval was
 #: not attempted for this request, "none" that no knowledge base applied at all.
-RETRIEVAL_OUTCOMES = ("retrieved", "no_match", "degraded", "failed", "stale", "skipped", "cached", "none")
+#: "over_budget": the model's max_input_tokens left no room for any context;
+#: "out_of_scope": the key may read none of the model's knowledge bases.
+RETRIEVAL_OUTCOMES = ("retrieved", "no_match", "degraded", "failed", "stale", "skipped", "cached", "none",
+                      "over_budget", "out_of_scope")
 RETRIEVAL_ATTEMPTED = frozenset(("retrieved", "no_match", "degraded", "failed", "stale", "cached"))
 _RETRIEVAL_HITS = frozenset(("retrieved", "cached", "stale"))
 
@@ -53,7 +56,20 @@ REQUEST_LOG_FIELDS = (
     "streamed",        # bool
     "error",           # error text, if any
     "query",           # the retrieval query; stored only when log_query is on
+    # The guardrails (retrieval._Screening.log_fields):
+    "findings",        # how many guardrail findings (poisoning rules, deny patterns)
+    "rule_ids",        # list of the rule_ids found (stored as JSON)
+    "dropped",         # retrieved chunks dropped as suspected injections
+    "denied",          # where a refusal came from ("retrieved", "input"), else NULL
+    "redactions",      # {category: n} redacted before injection (stored as JSON)
+    "guard_findings",  # [{rule_id, category, confidence, where, item, action, excerpt}] (JSON);
+                       # the excerpt (document or tool text) only when log_query is on
+    "budget",          # max_input_tokens: {limit, request_tokens, cut, over, tokens} (JSON)
 )
+#: Columns added after the first schema, with their types: added to an older database when it is opened.
+_REQLOG_ADDED_COLUMNS = (("findings", "INTEGER"), ("rule_ids", "TEXT"), ("dropped", "INTEGER"), ("denied", "TEXT"),
+                         ("redactions", "TEXT"), ("guard_findings", "TEXT"), ("budget", "TEXT"))
+_JSON_COLUMNS = ("rule_ids", "redactions", "guard_findings", "budget")
 # Optional entry key read only by Metrics.observe_request(): "retrieval_stages",
 # a dict {stage: seconds} with stages from RETRIEVAL_STAGES.
 
@@ -64,7 +80,7 @@ _REQLOG_BATCH_MAX = 500
 # the GIL for its SQLite work while the request it logged was still being
 # answered (measured: +~0.1 ms at 1 client in bench/proxy_overhead.py 'slow').
 _REQLOG_WRITE_INTERVAL = 0.25
-_REQLOG_SCHEMA_VERSION = 1
+_REQLOG_SCHEMA_VERSION = 2
 _REQLOG_SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
     id INTEGER PRIMARY KEY,
@@ -84,7 +100,14 @@ CREATE TABLE IF NOT EXISTS requests (
     status INTEGER,
     streamed INTEGER,
     error TEXT,
-    query TEXT
+    query TEXT,
+    findings INTEGER,
+    rule_ids TEXT,
+    dropped INTEGER,
+    denied TEXT,
+    redactions TEXT,
+    guard_findings TEXT,
+    budget TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_time ON requests (time);
 """
@@ -128,6 +151,10 @@ def _kbs_text(value):
     return ",".join(str(k) for k in value) or None
 
 
+def _json_or_none(value):
+    return None if value is None else json.dumps(value, default=str, sort_keys=True)
+
+
 def _row_values(entry, log_query):
     """The INSERT parameters for one entry dict, in REQUEST_LOG_FIELDS order."""
     chunk_ids = entry.get("chunk_ids")
@@ -149,7 +176,21 @@ def _row_values(entry, log_query):
         1 if entry.get("streamed") else 0,
         _text_or_none(entry.get("error"), _REQLOG_MAX_ERROR_CHARS),
         _text_or_none(entry.get("query"), _REQLOG_MAX_QUERY_CHARS) if log_query else None,
+        _number_or_none(entry.get("findings"), int),
+        _json_or_none(entry.get("rule_ids")),
+        _number_or_none(entry.get("dropped"), int),
+        _text_or_none(entry.get("denied")),
+        _json_or_none(entry.get("redactions")),
+        _json_or_none(_findings_kept(entry.get("guard_findings"), log_query)),
+        _json_or_none(entry.get("budget")),
     )
+
+
+def _findings_kept(findings, log_query):
+    """Guard findings as stored: without the text they matched unless security.log_query allows it."""
+    if not findings or log_query:
+        return findings or None
+    return [{k: v for k, v in f.items() if k != "excerpt"} for f in findings if isinstance(f, dict)]
 
 
 def _row_dict(row):
@@ -161,6 +202,11 @@ def _row_dict(row):
     except ValueError:
         out["chunk_ids"] = []
     out["streamed"] = bool(out["streamed"])
+    for column in _JSON_COLUMNS:
+        try:
+            out[column] = json.loads(out[column]) if out.get(column) else None
+        except ValueError:
+            out[column] = None
     return out
 
 
@@ -258,10 +304,24 @@ class RequestLog:
         self._conn.execute("PRAGMA synchronous=NORMAL")
         with self._conn:
             self._conn.executescript(_REQLOG_SCHEMA)
+            self._add_columns()
             self._conn.execute(f"PRAGMA user_version={_REQLOG_SCHEMA_VERSION}")
         self._thread = threading.Thread(target=self._run, name="ragproxy-reqlog", daemon=True)
         if start:
             self.start()
+
+    def _add_columns(self):
+        """A database made by an older version gets the columns added since (its rows read NULL there)."""
+        import sqlite3  # here: see the module docstring
+        for name, kind in _REQLOG_ADDED_COLUMNS:
+            have = {row[1] for row in self._conn.execute("PRAGMA table_info(requests)")}
+            if name in have:
+                continue
+            try:
+                self._conn.execute(f"ALTER TABLE requests ADD COLUMN {name} {kind}")
+            except sqlite3.OperationalError:   # another process (the CLI, a second proxy) added it first
+                if name not in {row[1] for row in self._conn.execute("PRAGMA table_info(requests)")}:
+                    raise
 
     def _connect(self):
         import sqlite3  # here: see the module docstring
@@ -290,6 +350,8 @@ class RequestLog:
             item["time"] = self.clock()
         if not self.log_query:
             item.pop("query", None)   # never keep the text around, even in memory
+            if item.get("guard_findings"):
+                item["guard_findings"] = _findings_kept(item["guard_findings"], False)
         if len(self._queue) >= self._queue_size:
             self._count_drop()
             return False
