@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import json
 import logging
 import os
@@ -286,6 +287,8 @@ _SCHEMA = {
     },
     "security": {
         "log_query": _Field("bool", False),
+        # Shared deployments: every api_keys entry must name its kbs and models.
+        "require_acl": _Field("bool", False),
     },
     "mcp": {
         # Browser origins (scheme://host[:port]) let in besides loopback ones: the MCP
@@ -401,29 +404,113 @@ def _check_field(value, field, path, positions, errors):
     return value
 
 
+#: The fields of an api_keys mapping as config.yaml spells them.
+API_KEY_FIELDS = ("key", "name", "kbs", "models")
+
+
 def _check_api_keys(value, path, positions, errors):
-    """api_keys entries are plain strings or ``{key, name}`` maps (name shows in logs)."""
+    """api_keys entries: plain strings (every KB and model) or ``{key, name, kbs, models}`` maps.
+
+    Each comes out as ``{"key", "name", "kbs": "*" | [names], "models": [globs], "explicit"}``;
+    a mapping without ``kbs`` or ``models`` gets every one ("*"), and ``explicit`` says
+    it named both (what security.require_acl asks of every key).
+    """
     keys = []
     if value is None:
         return keys
     if not isinstance(value, list):
         errors.append((format_path(path), _line_of(positions, path), "expected a list of keys"))
         return keys
+    seen_keys, seen_names = {}, {}
     for i, item in enumerate(value):
-        if isinstance(item, dict) and isinstance(item.get("key"), str) and set(item) <= {"key", "name"}:
-            key, name = item["key"], str(item.get("name") or "")
-        elif isinstance(item, str):
-            key, name = item, ""
+        where = path + (i,)
+
+        def bad(message, at=where):
+            errors.append((format_path(at), _line_of(positions, at), message))
+
+        if isinstance(item, str):
+            entry = {"key": item, "name": "", "kbs": "*", "models": ["*"], "explicit": False}
+        elif isinstance(item, dict) and isinstance(item.get("key"), str):
+            entry = _check_key_mapping(item, where, positions, errors)
+            if entry is None:
+                continue
         else:
-            errors.append((format_path(path + (i,)), _line_of(positions, path + (i,)),
-                           "expected a key string or a {key, name} mapping"))
+            bad("expected a key string or a {key, name, kbs, models} mapping")
             continue
-        if len(key) < 8:
-            errors.append((format_path(path + (i,)), _line_of(positions, path + (i,)),
-                           "an API key must be at least 8 characters"))
+        if len(entry["key"]) < 8:
+            bad("an API key must be at least 8 characters")
             continue
-        keys.append({"key": key, "name": name or f"key{i + 1}"})
+        entry["name"] = entry["name"] or f"key{i + 1}"
+        # The same key twice would leave its scope to the order of the list, and two keys
+        # of one name could not be told apart in the request log (nor edited by name).
+        if entry["key"] in seen_keys:
+            bad(f"the same key as api_keys[{seen_keys[entry['key']]}]: each key must be different")
+            continue
+        if entry["name"] in seen_names:
+            bad(f"name {entry['name']!r} is already used by api_keys[{seen_names[entry['name']]}]",
+                where + ("name",) if isinstance(item, dict) and "name" in item else where)
+            continue
+        seen_keys[entry["key"]], seen_names[entry["name"]] = i, i
+        keys.append(entry)
     return keys
+
+
+def _check_key_mapping(item, where, positions, errors):
+    """One ``{key, name, kbs, models}`` api_keys mapping, normalised; None if it is invalid."""
+    ok = True
+    for field in item:
+        if field not in API_KEY_FIELDS:
+            hint = _close_match(field, API_KEY_FIELDS)
+            errors.append((format_path(where + (field,)), _line_of(positions, where + (field,)),
+                           "unknown key" + (f" (did you mean {hint!r}?)" if hint else "")
+                           + f"; an api_keys mapping has {', '.join(API_KEY_FIELDS)}"))
+            ok = False
+    kbs = _scope_list(item.get("kbs", "*"), "knowledge base names", where + ("kbs",), positions, errors)
+    models = _scope_list(item.get("models", "*"), "model names or globs", where + ("models",), positions, errors)
+    if kbs is None or models is None:
+        return None
+    for j, name in enumerate(kbs if kbs != "*" else ()):
+        if not valid_kb_name(name):
+            at = where + ("kbs", j) if isinstance(item.get("kbs"), list) else where + ("kbs",)
+            errors.append((format_path(at), _line_of(positions, at),
+                           f"{name!r} is not a knowledge base name: letters, digits, '_', '-' and '.' "
+                           "(64 at most, starting with a letter or digit)"))
+            ok = False
+    if not ok:
+        return None
+    name = item.get("name")
+    return {"key": item["key"], "name": "" if name is None else str(name), "kbs": kbs,
+            "models": ["*"] if models == "*" else models,
+            "explicit": "kbs" in item and "models" in item}
+
+
+def _scope_list(value, what, path, positions, errors):
+    """A scope as written: ``"*"``, one name or a list of names; ``"*"`` or a list, None if invalid."""
+    if value == "*" or value == ["*"]:
+        return "*"
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(dict.fromkeys(value))
+    errors.append((format_path(path), _line_of(positions, path), f'expected "*" or a list of {what}'))
+    return None
+
+
+def key_allows_kb(entry, name):
+    """Whether the api_keys ``entry`` (None: api_key_auth is off) may read knowledge base ``name``."""
+    return entry is None or entry["kbs"] == "*" or name in entry["kbs"]
+
+
+def key_allows_model(entry, model):
+    """Whether the api_keys ``entry`` (None: api_key_auth is off) may use ``model``."""
+    return entry is None or any(glob == "*" or fnmatch.fnmatchcase(model, glob) for glob in entry["models"])
+
+
+def key_scope(entry):
+    """What an entry may read, as a cache key: ``"*"`` or the sorted KB names."""
+    if entry is None or entry["kbs"] == "*":
+        return "*"
+    return tuple(sorted(entry["kbs"]))
 
 
 def _check(value, schema, path, positions, errors):
@@ -572,6 +659,7 @@ class Config:
                     data[section][key] = value
         raw = _check(data, _SCHEMA, (), positions, errors)
         _check_semantics(raw, positions, errors, warnings)
+        _check_key_scopes(data, raw, positions, errors, warnings)
         if errors:
             raise ConfigError(errors, source)
         return cls(raw, path=source, warnings=warnings, positions=positions)
@@ -764,6 +852,38 @@ def _check_semantics(raw, positions, errors, warnings):
         errors.append(("server.host", _line_of(positions, ("server", "host")),
                        f"listening on {raw['server']['host']} exposes the proxy to the network: "
                        "set api_key_auth: true and add api_keys, or listen on 127.0.0.1"))
+
+
+def _check_key_scopes(data, raw, positions, errors, warnings):
+    """security.require_acl, and key scopes naming knowledge bases the proxy does not serve.
+
+    Reads the entries as written (``data``), not as normalised: the line to
+    name is that of the entry, and a refused entry is not in ``raw``.
+    """
+    if raw["security"]["require_acl"] and not raw["api_key_auth"]:
+        where = ("security", "require_acl")
+        errors.append((format_path(where), _line_of(positions, where),
+                       "require_acl needs api_key_auth: true (without keys every client reads everything)"))
+    written = data.get("api_keys") if isinstance(data, dict) else None
+    if not isinstance(written, list):
+        return
+    served = set(raw["knowledge_bases"]) | {kb for model in raw["models"] for kb in model["kb"]}
+    for i, item in enumerate(written):
+        where = ("api_keys", i)
+        if raw["security"]["require_acl"] and not (isinstance(item, dict) and "kbs" in item and "models" in item):
+            errors.append((format_path(where), _line_of(positions, where),
+                           "security.require_acl is on: this key needs an explicit scope, "
+                           '{key, name, kbs: [...] or "*", models: [...] or "*"}'))
+        kbs = item.get("kbs") if isinstance(item, dict) else None
+        for j, name in enumerate([kbs] if isinstance(kbs, str) else kbs if isinstance(kbs, list) else ()):
+            if isinstance(name, str) and name != "*" and name not in served and valid_kb_name(name):
+                at = where + ("kbs", j) if isinstance(kbs, list) else where + ("kbs",)
+                hint = _close_match(name, served) if served else None
+                # A warning: a KB deleted in the panel must not make the config unloadable.
+                warnings.append((format_path(at), _line_of(positions, at),
+                                 f"no knowledge base {name!r} (not under knowledge_bases nor in any "
+                                 "models[].kb): this key reads nothing from it"
+                                 + (f"; did you mean {hint!r}?" if hint else "")))
 
 
 def _is_loopback(host):

@@ -41,7 +41,7 @@ from .api import (
     normalize_path,
     split_key_prefix,
 )
-from .config import ModelRoute, Provider
+from .config import ModelRoute, Provider, key_allows_kb, key_allows_model
 from .jsonbody import json_object_of, with_edits, with_model
 from .kb import KnowledgeBases
 from .metrics import Metrics
@@ -92,6 +92,7 @@ class Exchange:
     response_headers: list = dataclasses.field(default_factory=list)
     kb_override: list = None   # from a "model+kb1+kb2" name
     retrieval: dict = None     # what retrieval did, for the request log
+    key: dict = None           # the caller's api_keys entry (None: api_key_auth is off); its scope binds retrieval
 
 
 @dataclasses.dataclass
@@ -100,6 +101,7 @@ class _Trace:
 
     started: float
     client: str = ""
+    key: dict = None   # the caller's api_keys entry
     exchange: Exchange = None
     upstream_ms: float = None
 
@@ -249,18 +251,18 @@ class App:
         if not (path.startswith("/v1/") or path.startswith("/api/")):
             raise ClientError(404, f"no such endpoint: {method} {path}", "not_found")
         if not (path == "/api/version" and method == "GET"):
-            key = self._authenticate(request)
-            trace.client = key["name"] if key else ""
+            trace.key = self._authenticate(request)
+            trace.client = trace.key["name"] if trace.key else ""
         endpoint = ENDPOINTS.get((method, path))
         if endpoint is not None:
             return self._proxy(request, path, endpoint, trace)
         if method == "GET" and path == "/v1/models":
-            return self._list_models(request)
+            return self._list_models(request, trace.key)
         if method == "GET" and path in ("/api/tags", "/api/version"):
-            return self._ollama_listing(request, path)
+            return self._ollama_listing(request, path, trace.key)
         if method == "OPTIONS":
             return Response(204, [("Allow", "GET, POST, HEAD, OPTIONS")])
-        return self._forward_other(request, path, dialect)
+        return self._forward_other(request, path, dialect, trace.key)
 
     # -- authentication -----------------------------------------------------
 
@@ -289,8 +291,17 @@ class App:
 
     def readable_kbs(self, key):
         """The knowledge bases a client with ``key`` (an api_keys entry, or None when
-        api_key_auth is off) may read: every configured one, until keys carry scopes."""
-        return list(self.knowledge_bases.kbs) if self.knowledge_bases is not None else []
+        api_key_auth is off) may read: the served ones its ``kbs`` scope names."""
+        if self.knowledge_bases is None:
+            return []
+        return [name for name in self.knowledge_bases.kbs if key_allows_kb(key, name)]
+
+    @staticmethod
+    def check_model_scope(key, model):
+        """A 403 unless the api_keys entry ``key`` may use ``model`` (its ``models`` globs)."""
+        if not key_allows_model(key, model):
+            raise ClientError(403, f"model '{model}' is outside this API key's scope (key '{key['name']}' may use: "
+                                   f"{', '.join(key['models']) or 'no model'})", "model_not_in_scope")
 
     # -- MCP ------------------------------------------------------------------
 
@@ -379,8 +390,10 @@ class App:
         if route is None:
             raise ClientError(404, f"model '{model}' is not configured in ragproxy (add it under models, "
                                    "or a '*' catch-all)", "model_not_found")
+        self.check_model_scope(trace.key, model)
         provider = self._pick_provider(route, endpoint.dialect)
-        exchange = Exchange(request, endpoint, payload, route, provider, model, kb_override=kb_override)
+        exchange = Exchange(request, endpoint, payload, route, provider, model, kb_override=kb_override,
+                            key=trace.key)
         trace.exchange = exchange
         sent_model = payload.get("model", "")
         upstream_model = route.upstream_model or model
@@ -410,13 +423,21 @@ class App:
         trace.upstream_ms = (self.clock() - sent) * 1000.0  # to the response headers
         return response
 
-    def _forward_other(self, request, path, dialect):
+    def _forward_other(self, request, path, dialect, key=None):
         """Any other /v1 or /api path: to the requested model's provider, else the catch-all."""
         provider = None
+        if path.startswith("/v1/models/"):   # one model's card: a scoped key sees only its own models'
+            self.check_model_scope(key, path[len("/v1/models/"):])
         if request.body and request.headers.get("content-type", "").startswith("application/json"):
+            payload = None
             with contextlib.suppress(ValueError, UnicodeDecodeError, RecursionError):
                 payload = json.loads(request.body)
-                if isinstance(payload, dict) and isinstance(payload.get("model"), str):
+            if isinstance(payload, dict):
+                # Ollama's older calls (/api/show, /api/pull, /api/delete) name the model "name".
+                for field in ("model", "name") if path.startswith("/api/") else ("model",):
+                    if isinstance(payload.get(field), str):
+                        self.check_model_scope(key, payload[field])
+                if isinstance(payload.get("model"), str):
                     route = self.resolve_route(payload["model"])
                     provider = route and self._pick_provider(route, dialect)
         provider = provider or self._catch_all_provider(dialect)
@@ -497,7 +518,7 @@ class App:
                 "uptime_s": round(self.clock() - self.started, 3),
                 "models": [r.name for r in self.config.models]}
 
-    def _list_models(self, request):
+    def _list_models(self, request, key=None):
         names = [r.name for r in self.config.models if not r.is_glob]
         for route in self.config.models:
             if route.is_glob:
@@ -505,6 +526,7 @@ class App:
                     if fnmatch.fnmatchcase(model_id, route.name) and model_id not in names \
                             and self.resolve_route(model_id) is route:
                         names.append(model_id)
+        names = [n for n in names if key_allows_model(key, n)]   # a key sees only the models it may use
         created = int(self.started)
         if "anthropic-version" in request.headers:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
@@ -540,28 +562,32 @@ class App:
             return resp.status, body, None
         return resp.status, body, [str(m.get("name") or m.get("id")) for m in items if isinstance(m, dict)]
 
-    def _ollama_listing(self, request, path):
+    def _ollama_listing(self, request, path, key=None):
         provider = self._catch_all_provider("ollama")
         if provider is not None and provider.type == "ollama":
             with contextlib.suppress(UpstreamError):
                 resp = self._send(request, "ollama", provider, "GET", provider.base_url + path, None, [])
                 if path == "/api/version" or resp.status != 200:
                     return resp
-                return self._merge_tags(resp)
+                return self._merge_tags(resp, key)
         if path == "/api/version":
             return json_response(200, {"version": "0.12.0"})
-        return json_response(200, {"models": [_ollama_tag(r.name, self.started)
-                                              for r in self.config.models if not r.is_glob]})
+        return json_response(200, {"models": [_ollama_tag(r.name, self.started) for r in self.config.models
+                                              if not r.is_glob and key_allows_model(key, r.name)]})
 
-    def _merge_tags(self, resp):
+    def _merge_tags(self, resp, key=None):
         try:
             listing = json.loads(resp.body)
             models = listing.setdefault("models", [])
+            have = {m.get("name") for m in models if isinstance(m, dict)}
         except (ValueError, AttributeError):
-            return resp
-        have = {m.get("name") for m in models if isinstance(m, dict)}
+            # Not a listing ragproxy can read: a scoped key gets no names it could not use.
+            return resp if key is None or key["models"] == ["*"] else json_response(200, {"models": []})
         models.extend(_ollama_tag(r.name, self.started) for r in self.config.models
                       if not r.is_glob and r.name not in have)
+        if key is not None and key["models"] != ["*"]:
+            listing["models"] = [m for m in models if isinstance(m, dict) and isinstance(m.get("name"), str)
+                                 and key_allows_model(key, m["name"])]
         return json_response(200, listing)
 
 

@@ -23,7 +23,7 @@ import time
 
 from . import deps
 from .api import ClientError, json_response
-from .config import valid_kb_name
+from .config import key_allows_kb, key_scope, valid_kb_name
 from .embeddings import Deadline, EmbeddingError, RerankClient, RerankError, time_limit
 from .fusion import reciprocal_ranks
 from .inject import (
@@ -287,26 +287,48 @@ class Retriever:
         self.disabled_rerankers.clear()
 
     def select_kbs(self, exchange):
+        """``(names, left_out)``: the KBs to search for ``exchange`` and those of its model's
+        mapping that the key's scope leaves out.
+
+        A KB the client names itself (X-Ragproxy-KB, ``model+kb``) outside the
+        scope is a 403 (an unknown one a 400, first); the mapping's KBs are
+        cut down to the scope without a word to the client.
+        """
+        key = exchange.key
         header = exchange.request.headers.get(_KB_HEADER, "").strip()
         if header:
             if header.lower() == "off":
-                return []
+                return [], []
             names = [n.strip() for n in header.split(",") if n.strip()]
         elif exchange.kb_override is not None:
             names = exchange.kb_override
         else:
             names = list(exchange.route.kb)
+            kept = [n for n in names if key_allows_kb(key, n)]
+            self._check_known(kept)
+            return kept, [n for n in names if n not in kept]
+        self._check_known(names)
+        outside = [n for n in names if not key_allows_kb(key, n)]
+        if outside:
+            raise ClientError(403, f"knowledge base(s) outside this API key's scope: {', '.join(outside)} "
+                                   f"(key '{key['name']}' may read: {', '.join(key['kbs']) or 'none'})",
+                              "kb_not_in_scope")
+        return names, []
+
+    def _check_known(self, names):
         unknown = [n for n in names if self.kbs.get(n) is None]
         if unknown:
             raise ClientError(400, f"unknown knowledge base(s): {', '.join(unknown)}", "unknown_knowledge_base")
-        return names
 
     def __call__(self, exchange):
         endpoint = exchange.endpoint.name
         if endpoint not in _INJECTABLE:
             return
-        names = self.select_kbs(exchange)
+        names, left_out = self.select_kbs(exchange)
         if not names:
+            if left_out:   # the request log says why a mapping with KBs injected nothing
+                exchange.retrieval = {"kbs": [], "outcome": "out_of_scope", "mode": None, "query": None,
+                                      "stages": {}}
             return
         rag = self.app.config.rag
         payload = exchange.payload
@@ -328,7 +350,8 @@ class Retriever:
         if not query.strip():
             return
         stages["query_build"] = clock() - started
-        key = (turn, tuple(names), route.name, route.inject_mode) if turn else None
+        # Keyed by the key's scope too: a key never gets context retrieved for another.
+        key = (turn, tuple(names), route.name, route.inject_mode, key_scope(exchange.key)) if turn else None
         # Only a later round of the turn reuses what its first request got; the
         # first request of a turn (a new chat, a retry) retrieves and refreshes it.
         found = self.turns.get(key) if key and later_round else None
@@ -360,7 +383,7 @@ class Retriever:
         route = exchange.route
         policy = route.on_failure or rag["on_failure"]
         template = rag["inject_template"]
-        stale_key = (tuple(names), query)
+        stale_key = (tuple(names), query, key_scope(exchange.key))
         limit = Deadline((route.timeout_ms or rag["timeout_ms"]) / 1000.0)
         try:
             hits = self.search(names, query, route, stages=exchange.retrieval["stages"], deadline=limit)

@@ -158,7 +158,68 @@ def test_duplicate_model_names_rejected():
 
 def test_api_keys_may_be_named():
     config = ragproxy.Config.from_text(MINIMAL + "api_keys:\n  - {key: abcdefgh12, name: alice}\n", environ={})
-    assert config.api_keys == [{"key": "abcdefgh12", "name": "alice"}]
+    # a {key, name} entry as written before scopes existed: every KB and model, as before
+    assert config.api_keys == [{"key": "abcdefgh12", "name": "alice", "kbs": "*", "models": ["*"],
+                                "explicit": False}]
+
+
+SCOPED_KEYS = """api_keys:
+  - plain-key-0001
+  - {key: docs-key-0002, name: docs-team, kbs: docs, models: "gpt-*"}
+  - {key: none-key-0003, name: outsider, kbs: [], models: []}
+  - {key: star-key-0004, kbs: "*", models: ["*"]}
+  - {key: half-key-0005, name: half, kbs: [docs, code, docs]}
+"""
+
+
+def test_api_key_scopes_are_normalised():
+    config = ragproxy.Config.from_text(MINIMAL + SCOPED_KEYS, environ={})
+    assert [(k["name"], k["kbs"], k["models"], k["explicit"]) for k in config.api_keys] == [
+        ("key1", "*", ["*"], False),                     # a plain string: every KB and model, as before
+        ("docs-team", ["docs"], ["gpt-*"], True),
+        ("outsider", [], [], True),                      # no KB (pass-through) and no model
+        ("key4", "*", ["*"], True),
+        ("half", ["docs", "code"], ["*"], False)]        # a missing models means every one
+
+
+def test_require_acl_refuses_keys_without_an_explicit_scope_naming_their_lines():
+    text = MINIMAL + "security:\n  require_acl: true\n" + SCOPED_KEYS
+    errs = errors_of(text, environ={})
+    lines = text.splitlines()
+    assert [(path, lines[line - 1].strip()[:18]) for path, line, _ in errs] == [
+        ("api_keys[0]", "- plain-key-0001"), ("api_keys[4]", "- {key: half-key-0")]
+    assert all("require_acl" in message and "kbs" in message and "models" in message for _, _, message in errs)
+    assert all("key-000" not in message for _, _, message in errs)   # the key itself is never shown
+    ragproxy.Config.from_text(MINIMAL + SCOPED_KEYS, environ={})     # off by default: the same file loads
+    errs = errors_of(MINIMAL + "api_key_auth: false\nsecurity: {require_acl: true}\n", environ={})
+    assert [e[0] for e in errs] == ["security.require_acl"] and "api_key_auth: true" in errs[0][2]
+
+
+@pytest.mark.parametrize("entry, where, says", [
+    ("{key: abcdefgh12, kbz: [docs]}", "api_keys[0].kbz", "did you mean 'kbs'?"),
+    ("{key: abcdefgh12, kbs: {docs: 1}}", "api_keys[0].kbs", 'expected "*" or a list of knowledge base names'),
+    ("{key: abcdefgh12, models: [1, 2]}", "api_keys[0].models", "model names or globs"),
+    ("{key: abcdefgh12, kbs: [docs, ../etc]}", "api_keys[0].kbs[1]", "is not a knowledge base name"),
+    ("{key: abcdefgh12, kbs: [docs, '*']}", "api_keys[0].kbs[1]", "is not a knowledge base name"),
+])
+def test_bad_key_scopes_are_errors_with_their_line(entry, where, says):
+    errs = errors_of(MINIMAL + f"api_keys:\n  - {entry}\n", environ={})
+    assert [(e[0], e[1]) for e in errs] == [(where, MINIMAL.count("\n") + 2)] and says in errs[0][2]
+
+
+def test_keys_and_their_names_are_unique():
+    errs = errors_of(MINIMAL + "api_keys:\n  - abcdefgh12\n  - {key: abcdefgh12, name: ci}\n"
+                     "  - {key: other-key-1, name: key1}\n", environ={})
+    assert [(e[0], e[2]) for e in errs] == [
+        ("api_keys[1]", "the same key as api_keys[0]: each key must be different"),
+        ("api_keys[2].name", "name 'key1' is already used by api_keys[0]")]
+
+
+def test_a_scope_naming_a_kb_the_proxy_does_not_serve_is_a_warning():
+    text = MINIMAL + "knowledge_bases: {docs: {}}\napi_keys:\n  - {key: abcdefgh12, kbs: [docs, dosc]}\n"
+    config = ragproxy.Config.from_text(text, environ={})
+    [(path, line, message)] = config.warnings
+    assert path == "api_keys[0].kbs[1]" and line == text.count("\n") and "did you mean 'docs'?" in message
 
 
 def test_watcher_reloads_and_keeps_old_config_on_error(tmp_path):

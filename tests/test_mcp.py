@@ -682,6 +682,29 @@ def test_a_knowledge_base_the_key_may_not_read_is_a_tool_error_not_data(fake, _r
     assert outcomes[:3] == ["denied", "denied", "error"]
 
 
+def test_a_keys_kb_scope_is_what_the_tools_see(make_proxy, fake, tmp_path):
+    data_dir = tmp_path / "data"
+    fill_data_dir(str(data_dir))
+    text = kb_text(fake.url).replace(f"{{key: {OTHER_KEY}, name: bob}}",
+                                     f"{{key: {OTHER_KEY}, name: bob, kbs: [docs]}}")
+    proxy = make_proxy(text, data_dir=data_dir)
+    proxy.app.knowledge_bases.index_all()
+    bob, alice = initialize(proxy, key=OTHER_KEY), initialize(proxy)
+    listed = call(proxy, bob, "list_knowledge_bases", {}, key=OTHER_KEY)["result"]["structuredContent"]
+    assert [k["name"] for k in listed["knowledge_bases"]] == ["docs"]
+    found = call(proxy, bob, "search", {"query": "calibrate flux capacitor"}, key=OTHER_KEY)
+    assert found["result"]["structuredContent"]["kbs"] == ["docs"]
+    assert "calibrate_flux_capacitor" not in json.dumps(found) and "quantum margin" not in json.dumps(found)
+    for tool, arguments in (("search", {"query": "calibrate flux", "kb": "code"}),
+                            ("read_source", {"kb": "code", "source": "code/flux.py"})):
+        body = call(proxy, bob, tool, arguments, key=OTHER_KEY)
+        assert body["result"]["isError"] and "available: docs" in tool_text(body)
+        assert "quantum margin" not in json.dumps(body)
+    # alice's plain entry still reads both
+    both = call(proxy, alice, "list_knowledge_bases", {})["result"]["structuredContent"]["knowledge_bases"]
+    assert sorted(k["name"] for k in both) == ["code", "docs"]
+
+
 # -- metrics and the request log -----------------------------------------------------------------
 
 def test_tool_calls_are_counted_in_metrics_and_logged(served):
