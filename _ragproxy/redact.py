@@ -313,13 +313,16 @@ _IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?
 # secret assignments: the match starts at the key's last word; the key's start is found by
 # walking back over identifier characters, so no lookbehind has to guess its length.
 _ASSIGN = re.compile(
-    r"(?i)(?:password|passwd|passphrase|pwd|pass|secret|token|key)(?P<q>[\"']?)[ \t]{0,8}"
-    r"(?P<sep>=(?![=>~])|:=|:(?![:/\\])|=>)[ \t]{0,8}"
+    r"(?i)(?:password|passwd|passphrase|pwd|pass|secret|token|key)(?P<q>[\"']?\]?)[ \t]{0,8}"
+    r"(?P<sep>(?:\|\||\?\?)?=(?![=>~])|:=|:(?![:/\\])|=>)[ \t]{0,8}"
     r"(?:(?P<pre>[bBrRuU]?)(?P<quote>[\"'`])(?P<qval>(?:[^\"'`\\\n]|\\.){1,512})(?P=quote)"
     r"|(?P<val>[^\s\"'`,;(){}\[\]<>]{1,512}))")
 # An unquoted value is the rest of its line (bar a trailing comma and a comment): a word
 # followed by more words is prose ("password: the one you chose").
 _LINE_END = re.compile(r"[ \t]*[,;]?(?:[ \t]+(?:#|//)[^\n]*)?[ \t]*\r?(?:\n|$)")
+_XML_SECRET = re.compile(
+    r"(?i)<((?:[A-Za-z0-9]{1,20}[_.\-]?){0,3}(?:password|passwd|secret|token|api[_\-]?key|private[_\-]?key))>"
+    r"([^<>\s]{3,512})</\1>")
 _KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _KEY_SPLIT = re.compile(r"[_.\-]+|(?<=[a-z0-9])(?=[A-Z])")
 _SECRET_LAST = frozenset("password passwd passphrase pwd pass secret token apikey secretkey accesskey privatekey".split())
@@ -581,6 +584,8 @@ _FINDERS = (
     ("secret_assignment", _regex_finder(_AUTH_HEADER, 1, check=lambda m: not _is_placeholder(m.group(1)),
                                         marker=_has_any_lower("authorization"))),
     ("secret_assignment", _assignments),
+    ("secret_assignment", _regex_finder(_XML_SECRET, 2, check=lambda m: not _is_placeholder(m.group(2)),
+                                        marker=_has_any("</"))),
     ("iban", _ibans),
     ("payment_card", _regex_finder(_CARD, check=lambda m: _card_ok(m.group(0)), marker=_has_digits)),
     ("email", _regex_finder(_EMAIL, check=_email_ok, marker=_has_any("@"))),

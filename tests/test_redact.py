@@ -94,6 +94,11 @@ def test_labelled_case(kind, name, text, expected, counts):
     ("url_password", "http://localhost:8080/x, ssh://git@host/repo, https://user:${PASS}@h/, ftp://u:password@h/", None),
     ("secret_assignment", 'cfg = {"password": "p@ss W0rd"}', None),   # whitespace: a sentence, not a secret
     ("secret_assignment", "export API_TOKEN='tok-82ksd92KD'", "export API_TOKEN='[REDACTED:secret_assignment]'"),
+    ("secret_assignment", "os.environ['DB_PASSWORD'] = 'Xk9-pw'\nENV[\"API_SECRET\"] ||= \"s-92kd\"\n",
+     "os.environ['DB_PASSWORD'] = '[REDACTED:secret_assignment]'\nENV[\"API_SECRET\"] ||= \"[REDACTED:secret_assignment]\"\n"),
+    ("secret_assignment", "<db><user>app</user><password>x-ml-Pw77</password></db>",
+     "<db><user>app</user><password>[REDACTED:secret_assignment]</password></db>"),
+    ("secret_assignment", "<password>${DB_PASSWORD}</password> <token></token> <password-hint>x</password-hint>", None),
     ("secret_assignment", "password = None\npassword = ''\npassword = os.environ['P']\ntoken = request.token\n"
                           "api_key: ${API_KEY}\nsecret: <your-secret>\nmax_tokens: 4096\npad_token = '<pad>'\n"
                           "password_hash = 'pbkdf2:sha256'\ntoken: str = None\n", None),
