@@ -16,6 +16,7 @@ import ollama
 import openai
 import pytest
 
+import ragproxy
 from _ragproxy.embeddings import EmbeddingError
 from conftest import API_KEY, logged_rows, proxy_config
 
@@ -184,6 +185,16 @@ def test_the_per_turn_cache_never_hands_one_keys_context_to_another(scoped, fake
     assert [(r["client"], r["outcome"]) for r in rows] == [
         ("key1", "retrieved"), ("docs-team", "no_match"),
         ("both", "retrieved"), ("docs-team", "retrieved"), ("both", "cached")]
+
+
+def test_a_reload_that_narrows_a_scope_applies_to_a_turn_already_cached(scoped, fake):
+    turn = [{"role": "user", "content": "how to rotate the signing key"}]
+    assert ask(scoped, BOTH_KEY, turn[0]["content"]) == "FOUND: " + CODE_FACT
+    scoped.app.reload(ragproxy.Config.from_text(scoped_config(fake.url).replace("kbs: [docs, code]", "kbs: [docs]")))
+    oai(scoped, BOTH_KEY).chat.completions.create(model="llama3", messages=turn + TOOL_ROUND)
+    assert CODE_FACT not in fake.last.body.decode()
+    with pytest.raises(openai.PermissionDeniedError):
+        ask(scoped, BOTH_KEY, "x", model="llama3+code")
 
 
 def test_stale_context_is_kept_per_scope(make_proxy, fake, tmp_path, monkeypatch):
