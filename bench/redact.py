@@ -3,6 +3,7 @@
 
     python bench/redact.py                       # SciFact + CoSQA from ../shared/eval, CPython's pydoc topics
     python bench/redact.py --show 5              # and up to 5 redactions per corpus and category, in context
+    python bench/redact.py --stdlib              # also CPython's own Lib/*.py (code), in 1,500-character chunks
     python bench/redact.py --eval-dir DIR --repeat 5 --ragproxy /tmp/try/ragproxy.py
 
 * **Ordinary corpora** (false positives): every document of SciFact's and
@@ -12,6 +13,8 @@
   the share of documents with any.  Most categories should be 0 there; a
   non-zero figure is read with ``--show`` (SciFact abstracts, for one, carry
   their authors' real e-mail addresses and phone numbers: a true positive).
+  ``--stdlib`` adds a code corpus: the standard library's ``Lib/*.py`` and
+  ``Lib/*/*.py`` of the Python running the bench, cut every 1,500 characters.
 * **Labelled set** (recall and precision): tests/data/redact/labelled.txt,
   fake secrets in code, config and prose plus look-alikes that must stay.
   Per category: found/expected redactions (TP, FP, FN by counts per case) and
@@ -68,6 +71,21 @@ def read_labelled(path):
         cases.append((kind, name, MARK.sub(lambda m: m.group(2), body),
                       MARK.sub(lambda m: "[REDACTED:%s]" % m.group(1), body), dict(counts)))
     return cases
+
+
+def read_stdlib(size=1500):
+    """CPython's own Lib/*.py and Lib/*/*.py in ``size``-character pieces (a code corpus with real addresses)."""
+    import glob
+    base = os.path.dirname(os.__file__)
+    docs = []
+    for path in sorted(glob.glob(os.path.join(base, "*.py")) + glob.glob(os.path.join(base, "*", "*.py"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError):
+            continue
+        docs.extend(text[i:i + size] for i in range(0, len(text), size))
+    return docs
 
 
 def scan_corpus(redactor, docs, repeat, show):
@@ -128,6 +146,7 @@ def main(argv=None):
     p.add_argument("--labelled", default=LABELLED, metavar="FILE", help="the labelled cases (default: %(default)s)")
     p.add_argument("--repeat", type=int, default=3, help="timing runs per corpus, best kept (default: 3)")
     p.add_argument("--show", type=int, default=0, metavar="N", help="print up to N redactions per corpus and category")
+    p.add_argument("--stdlib", action="store_true", help="also scan CPython's Lib/*.py (1,500-character chunks)")
     p.add_argument("--ragproxy", default=RAGPROXY, metavar="PATH", help="the ragproxy.py to measure")
     args = p.parse_args(argv)
 
@@ -147,6 +166,8 @@ def main(argv=None):
         corpora.append(("pydoc-topics", list(topics.values())))
     except ImportError:
         print("skipped pydoc-topics: this Python has no pydoc_data", file=sys.stderr)
+    if args.stdlib:
+        corpora.append(("cpython-lib", read_stdlib()))
 
     report = {"python": sys.version.split()[0], "categories": list(redact.CATEGORIES), "corpora": {}}
     cats = redact.CATEGORIES
