@@ -226,7 +226,7 @@ def _jwt_ok(m):
     head = m.group(1)
     try:
         data = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)).decode("utf-8"))
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+    except (ValueError, binascii.Error, UnicodeDecodeError, RecursionError):   # '{"a":[[[[...' nests past the limit
         return False
     return isinstance(data, dict) and "alg" in data
 
@@ -264,7 +264,8 @@ _AZURE_KEY = re.compile(r"(?i)(?<![A-Za-z0-9])(?:AccountKey|SharedAccessKey)=([A
 _AZURE_SAS = re.compile(r"[?&]sig=([A-Za-z0-9%+/]{20,200}(?:%3D|=){0,2})")
 
 # Phone numbers: only forms that carry their own evidence (a + country code, an (area) code, the
-# 3-3-4 grouping with one separator, a trunk 0 and groups, or a phone: label before them).
+# 3-3-4 grouping with one separator, a trunk 0 and groups, or a "phone:" / "Tel." label before them:
+# the punctuation is required, "cell 123456" is biology).
 _PHONE_INTL = re.compile(
     r"(?<![A-Za-z0-9+_)\]])\+[1-9][0-9]{0,2}(?:[ .\-]?\(0?[0-9]{1,4}\))?(?:[ .\-]?[0-9]{1,5}){1,6}"
     r"(?![A-Za-z0-9_]|[.\-][0-9])")
@@ -275,8 +276,8 @@ _PHONE_NANP = re.compile(
 _PHONE_TRUNK = re.compile(
     r"(?<![A-Za-z0-9_.\-+])(?<![0-9][ \-])0[1-9][0-9]{0,3}(?:[ \-][0-9]{2,8}){1,4}(?![A-Za-z0-9_]|[ .\-:][0-9])")
 _PHONE_LABEL = re.compile(
-    r"(?i)(?<![A-Za-z])(?:phone|tel|telephone|mobile|cell|fax|whatsapp)(?:[ \t]?(?:no|nr|number|#))?\.?"
-    r"[ \t]{0,3}[:=]?[ \t]{0,3}(\+?\(?[0-9][0-9 ().\-]{5,20}[0-9])(?![A-Za-z0-9_]|[.\-][0-9])")
+    r"(?i)(?<![A-Za-z])(?:phone|tel|telephone|mobile|cell|fax|whatsapp)(?:[ \t]?(?:no|nr|number|#))?"
+    r"(?:\.[ \t]{0,3}[:=]?|[ \t]{0,3}[:=])[ \t]{0,3}(\+?\(?[0-9][0-9 ().\-]{4,20}[0-9])(?![A-Za-z0-9_]|[.\-][0-9])")
 _DATE_LIKE = re.compile(r"[0-9]{4}[\-./ ][0-9]{1,2}[\-./ ][0-9]{1,2}(?![0-9])|(?<![0-9])[0-9]{1,2}[\-./ ][0-9]{1,2}[\-./ ]"
                         r"(?:19|20)[0-9]{2}(?![0-9])|(?<![0-9])[0-9]{1,2}([\-./])[0-9]{1,2}\1[0-9]{2}")
 
