@@ -183,9 +183,9 @@ def _is_placeholder(value):
 
 
 # -- the rules ---------------------------------------------------------------
-# A rule is (category, regex, group, check, marker): ``group`` is the part of a match that is
-# replaced (0: all of it); ``check(match)`` says whether a match is one (None: always);
-# ``marker(text, lower)`` is a cheap test run once per text that skips the rule (None: never skip).
+# Most rules are _regex_finder(regex, group, check, marker): ``group`` is the part of a match that
+# is replaced (0: all of it), ``check(match)`` says whether a match is one (None: always), and
+# ``marker(text, lower)`` is a cheap test, once per text, that skips the regex when it says no.
 
 _EMAIL = re.compile(
     r"(?<![A-Za-z0-9._%+\-])[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}@[A-Za-z0-9][A-Za-z0-9\-]{0,62}"
@@ -568,6 +568,9 @@ def _assignments(text, lower):
             yield span
 
 
+# In priority order: a span an earlier rule claimed is not matched again, so the specific rules
+# come first (a key block's base64 is no token; a GitHub token in ``password = "..."`` is a
+# forge_token; a URL's password is not the local part of an e-mail address).
 _FINDERS = (
     ("private_key", _private_keys),
     ("jwt", _regex_finder(_JWT, check=_jwt_ok, marker=_has_any("eyJ"))),
