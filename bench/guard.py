@@ -12,7 +12,10 @@
   flagged when one of its findings reaches the threshold.  Per category,
   recall is the share of that category's poisoned texts flagged; precision
   is the share of texts with a finding of that category (at the threshold)
-  that are poisoned.  Then a sweep over thresholds, overall.
+  that are poisoned.  Then a sweep over thresholds, overall.  The rules were
+  tuned on this set, so these are training figures.
+* **Held-out set** (tests/data/guard/heldout.jsonl): written after the tuning
+  and scored as written; the same table and sweep.
 * **Ordinary documentation**: the share of chunks flagged in SciFact's and
   CoSQA's corpora (../shared/eval/*/corpus.jsonl, one chunk a record, title
   and text) and in CPython's docs (pydoc_data.topics, each topic chunked by
@@ -41,6 +44,7 @@ from _ragproxy import chunking, documents, guard  # noqa: E402
 
 SHARED_EVAL = os.path.join(os.path.dirname(ROOT), "shared", "eval")
 LABELLED = os.path.join(ROOT, "tests", "data", "guard", "labelled.jsonl")
+HELDOUT = os.path.join(ROOT, "tests", "data", "guard", "heldout.jsonl")
 SWEEP = (0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9)
 ATTACKS = tuple(c for c in guard.CATEGORIES if c != "deny_pattern")
 
@@ -147,26 +151,28 @@ def main(argv=None):
     t = args.min_confidence
     figures = {"min_confidence": t}
 
-    records = read_labelled()
-    table = labelled_figures(records, scanner, t)
-    print("labelled set: %d texts, %d poisoned, %d clean; min_confidence %.2f"
-          % (len(records), sum(r["poisoned"] for r in records), sum(not r["poisoned"] for r in records), t))
-    print("%-22s %9s %7s %9s %8s" % ("category", "precision", "recall", "poisoned", "flagged"))
-    for cat, row in table.items():
-        print("%-22s %9.3f %7.3f %9d %8d" % (cat, row["precision"], row["recall"], row["poisoned"], row["flagged"]))
-    figures["labelled"] = table
-    print("\nsweep (overall): threshold precision recall")
-    figures["labelled_sweep"] = {}
-    for th in SWEEP:
-        row = labelled_figures(records, scanner, th)["overall"]
-        figures["labelled_sweep"][th] = row
-        print("  %.2f  %.3f  %.3f" % (th, row["precision"], row["recall"]))
+    for key, path, title in (("labelled", LABELLED, "labelled set (tuned on)"), ("heldout", HELDOUT, "held-out set")):
+        records = read_labelled(path)
+        table = labelled_figures(records, scanner, t)
+        print("%s: %d texts, %d poisoned, %d clean; min_confidence %.2f"
+              % (title, len(records), sum(r["poisoned"] for r in records), sum(not r["poisoned"] for r in records), t))
+        print("%-22s %9s %7s %9s %8s" % ("category", "precision", "recall", "poisoned", "flagged"))
+        for cat, row in table.items():
+            print("%-22s %9.3f %7.3f %9d %8d" % (cat, row["precision"], row["recall"], row["poisoned"], row["flagged"]))
+        figures[key] = table
+        print("sweep (overall): threshold precision recall")
+        figures[key + "_sweep"] = {}
+        for th in SWEEP:
+            row = labelled_figures(records, scanner, th)["overall"]
+            figures[key + "_sweep"][th] = row
+            print("  %.2f  %.3f  %.3f" % (th, row["precision"], row["recall"]))
+        print()
 
     if not args.skip_corpora:
         figures["corpora"] = {}
         sources = [("scifact", lambda: corpus_chunks("scifact")), ("cosqa-dev", lambda: corpus_chunks("cosqa-dev")),
                    ("cpython-docs", cpython_doc_chunks)]
-        print("\nordinary documentation: chunks flagged at %.2f (sweep: flagged at each threshold)" % t)
+        print("ordinary documentation: chunks flagged at %.2f (sweep: flagged at each threshold)" % t)
         for name, load in sources:
             try:
                 chunks = load()

@@ -172,6 +172,15 @@ def test_precision_and_recall_on_the_labelled_set_hold_the_reported_figures():
     assert min(per_category.values()) >= 0.9, per_category
 
 
+def test_the_held_out_set_holds_its_measured_figures():
+    # written after the tuning and scored once as written: 0.953 precision, 0.932 recall (bench/guard.py)
+    with open(os.path.join(HERE, "data", "guard", "heldout.jsonl"), encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    assert sum(r["poisoned"] for r in records) >= 40 and sum(not r["poisoned"] for r in records) >= 40
+    precision, recall, _ = labelled_scores(records, T)
+    assert precision >= 0.92 and recall >= 0.9, (precision, recall)
+
+
 def test_a_higher_threshold_trades_recall_for_precision():
     records = read_labelled()
     low, high = labelled_scores(records, 0.3), labelled_scores(records, 0.8)
