@@ -8,7 +8,7 @@ ConfigFile reads and writes the file (validated, atomic, the previous one
 kept as .bak); ConfigWatcher reloads it when it changes or on SIGHUP.  Also
 owns the knowledge-base naming rule (KB_NAME), since names become paths.
 
-May import: defaults, files, yamlish.
+May import: defaults, files, guard, redact, yamlish.
 """
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ from .defaults import (
     UPLOAD_MAX_TOTAL_BYTES,
 )
 from .files import atomic_write
+from .guard import DEFAULT_MIN_CONFIDENCE, Guard
+from .redact import CATEGORIES as REDACT_CATEGORIES
 from .yamlish import YAMLError, dump_yaml, format_path, load_yaml
 
 log = logging.getLogger("ragproxy")
@@ -200,6 +202,9 @@ _MODEL_SCHEMA = {
     "rerank": _Field("bool", False),
     "on_failure": _Field("str", "", choices=("", "degrade", "fail_closed", "use_stale")),
     "timeout_ms": _Field("int", 0, minimum=0),  # 0: rag.timeout_ms
+    # The enriched request's tokens at most (0: no limit); context is cut to fit, never the client's words.
+    "max_input_tokens": _Field("int", 0, minimum=0),
+    "guardrails": _Field("guardrails", {}, null=True),   # the global guardrails' keys, merged over them
 }
 
 
@@ -210,6 +215,23 @@ def model_field_choices():
     and not a second copy of them."""
     return {name: {"default": field.default, "choices": list(field.choices)}
             for name, field in _MODEL_SCHEMA.items() if field.choices}
+
+# Screening retrieved text (and tool results): all off by default.  A model's
+# ``guardrails`` has the same keys; the ones it sets win over these.
+_GUARDRAILS_SCHEMA = {
+    "context_poisoning": {
+        "enabled": _Field("bool", False),
+        "action": _Field("str", "drop", choices=("drop", "deny", "flag")),
+        "min_confidence": _Field("number", DEFAULT_MIN_CONFIDENCE, minimum=0),
+        "scan": _Field("str", "retrieved", choices=("retrieved", "input", "both")),
+    },
+    "redact": {
+        "enabled": _Field("bool", False),
+        "categories": _Field("str_list", list(REDACT_CATEGORIES)),
+        "at": _Field("str", "inject", choices=("inject", "index")),
+    },
+    "deny_patterns": _Field("str_list", []),
+}
 
 _KB_SCHEMA = {
     "sources": _Field("str_list", []),
@@ -275,6 +297,7 @@ _SCHEMA = {
         "timeout_ms": _Field("int", 5000, minimum=1),  # the whole retrieval of one request
     },
     "knowledge_bases": ("named", _KB_SCHEMA),
+    "guardrails": _GUARDRAILS_SCHEMA,
     "vectorstore": {
         "type": _Field("str", "simple", choices=("simple", "chroma", "chroma_http")),
         # Accepted and checked now; the Chroma store itself is not in this version (see _check_vectorstore).
@@ -397,6 +420,8 @@ def _check_field(value, field, path, positions, errors):
         value = {str(k): str(v) for k, v in value.items()}
     elif kind == "key_list":
         return _check_api_keys(value, path, positions, errors)
+    elif kind == "guardrails":
+        return _check_model_guardrails(value, path, positions, errors)
     if field.choices and value not in field.choices:
         return bad(f"expected one of {', '.join(field.choices)}, got {value!r}")
     if field.minimum is not None and value < field.minimum:
@@ -513,6 +538,66 @@ def key_scope(entry):
     return tuple(sorted(entry["kbs"]))
 
 
+def _check_model_guardrails(value, path, positions, errors):
+    """A model's ``guardrails``: the global section's keys, checked the same way; only
+    those it sets are kept (merge_guardrails lays them over the global ones)."""
+    if not isinstance(value, dict):
+        errors.append((format_path(path), _line_of(positions, path), "expected a mapping"))
+        return {}
+    checked = _check(value, _GUARDRAILS_SCHEMA, path, positions, errors)
+
+    def given(checked, written):
+        # A section left empty (``redact:``) sets nothing, rather than every default.
+        return {k: given(checked[k], written[k] or {}) if isinstance(checked[k], dict)
+                and isinstance(written[k] or {}, dict) else checked[k] for k in written if k in checked}
+
+    kept = given(checked, value)
+    _check_guardrails(kept, path, positions, errors)
+    if (kept.get("redact") or {}).get("at") == "index":
+        where = path + ("redact", "at")
+        errors.append((format_path(where), _line_of(positions, where),
+                       "at: index redacts what is stored, which every model shares: set it under the global "
+                       "guardrails.redact, not per model"))
+    return kept
+
+
+def _check_guardrails(section, path, positions, errors):
+    """What the schema cannot say about a guardrails section (global, or a model's part of one)."""
+    poisoning = section.get("context_poisoning") or {}
+    if isinstance(poisoning.get("min_confidence"), float) and poisoning["min_confidence"] > 1:
+        where = path + ("context_poisoning", "min_confidence")
+        errors.append((format_path(where), _line_of(positions, where),
+                       f"a confidence is between 0 and 1, got {poisoning['min_confidence']!r}"))
+    categories = (section.get("redact") or {}).get("categories")
+    for j, name in enumerate(categories or ()):
+        if name not in REDACT_CATEGORIES:
+            where = path + ("redact", "categories", j)
+            hint = _close_match(name, REDACT_CATEGORIES)
+            errors.append((format_path(where), _line_of(positions, where) or _line_of(positions, where[:-1]),
+                           f"unknown redaction category {name!r}" + (f" (did you mean {hint!r}?)" if hint else "")
+                           + f"; the categories are {', '.join(REDACT_CATEGORIES)}"))
+    for j, pattern in enumerate(section.get("deny_patterns") or ()):
+        try:
+            re.compile(pattern)
+            Guard(deny_patterns=(pattern,))   # the guard may refuse more than re does
+        except (re.error, ValueError) as exc:
+            where = path + ("deny_patterns", j)
+            errors.append((format_path(where), _line_of(positions, where) or _line_of(positions, where[:-1]),
+                           f"{pattern!r} is not a valid regular expression: {exc}" if isinstance(exc, re.error)
+                           else str(exc)))
+
+
+def merge_guardrails(base, override):
+    """The guardrails in effect for a model: ``override``'s keys (a model's, as checked) over ``base``."""
+    merged = copy_default(base)
+    for key, value in (override or {}).items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **copy_default(value)}
+        else:
+            merged[key] = copy_default(value)
+    return merged
+
+
 def _check(value, schema, path, positions, errors):
     """Validate ``value`` against ``schema``; returns the value with defaults filled in."""
     if isinstance(schema, _Field):
@@ -607,6 +692,9 @@ class ModelRoute:
     rerank: bool = False
     on_failure: str = ""
     timeout_ms: int = 0   # 0: rag.timeout_ms
+    max_input_tokens: int = 0   # 0: no limit
+    # The guardrails in effect for this model (the global ones with its own over them).
+    guardrails: dict = dataclasses.field(default=None, hash=False)
 
     @property
     def is_glob(self):
@@ -639,7 +727,9 @@ class Config:
                    for name, spec in raw["providers"][kind].items()}
             for kind in ("llm", "embedding", "rerank")
         }
-        self.models = [ModelRoute(**{**m, "upstream": tuple(m["upstream"]), "kb": tuple(m["kb"])})
+        self.guardrails = raw["guardrails"]
+        self.models = [ModelRoute(**{**m, "upstream": tuple(m["upstream"]), "kb": tuple(m["kb"]),
+                                     "guardrails": merge_guardrails(self.guardrails, m.get("guardrails"))})
                        for m in raw["models"]]
         self.undeclared_kbs = _undeclared_kbs(raw, positions or {})
         self.knowledge_bases = {**raw["knowledge_bases"],
@@ -846,6 +936,7 @@ def _check_semantics(raw, positions, errors, warnings):
                            f"retrieval {kb['retrieval']} needs an embedding provider from providers.embedding"
                            + (f" (have: {', '.join(raw['providers']['embedding'])})"
                               if raw["providers"]["embedding"] else "")))
+    _check_guardrails(raw["guardrails"], ("guardrails",), positions, errors)
     _check_vectorstore(raw["vectorstore"], positions, errors, warnings)
     if not _is_loopback(raw["server"]["host"]) and not (
             raw["api_key_auth"] and raw["api_keys"]):

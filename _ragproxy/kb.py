@@ -15,8 +15,11 @@ What only some knowledge bases need is imported where it is used: the
 document extractors by indexing, the embedding client (and the HTTP client
 under it) by dense and hybrid ones, so a lexical search loads neither.
 
-May import: chunking, defaults, deps, docfolder, documents, embeddings, files, fusion, npy, sources,
-store, text, upstream.
+With guardrails.redact at: index, chunk text is redacted before it is
+stored (and embedded, and its terms indexed), so secrets never reach the store.
+
+May import: chunking, defaults, deps, docfolder, documents, embeddings, files, fusion, npy, redact,
+sources, store, text, upstream.
 """
 from __future__ import annotations
 
@@ -75,6 +78,7 @@ class KBSpec:
     dense_weight: float = 1.0
     fusion: str = "zscore"
     compact: str = ""
+    redact: tuple = ()   # categories redacted before chunks are stored (guardrails.redact at: index)
 
 
 @dataclasses.dataclass
@@ -107,11 +111,14 @@ class IndexReport:
     deferred: list = dataclasses.field(default_factory=list)  # (name, reason): retried next run
     seconds: float = 0.0
     committed: bool = False
+    redactions: dict = dataclasses.field(default_factory=dict)  # category -> n, redacted at index time
 
     def summary(self):
+        redacted = sum(self.redactions.values())
         return (f"{self.kb}: {self.added} added, {self.changed} changed, {self.deleted} deleted, "
                 f"{self.unchanged} unchanged, {len(self.skipped)} skipped, {len(self.deferred)} deferred; "
-                f"{self.chunks} chunks in {self.generation or 'no generation'} ({self.seconds:.2f} s)")
+                f"{self.chunks} chunks in {self.generation or 'no generation'} ({self.seconds:.2f} s)"
+                + (f"; {redacted} redactions" if redacted else ""))
 
 
 # -- the knowledge base -------------------------------------------------------
@@ -131,6 +138,7 @@ class KnowledgeBase:
         self._index_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._loaded = None  # (generation, bm25 index)
+        self._redactor = None  # made on the first chunks to redact (spec.redact)
         self.status = {"state": "idle", "done": 0, "total": 0, "chunks": 0, "last_indexed": None,
                        "last_error": None, "last_report": None}
         self._logged_states = {}  # source -> the state last logged, so a poll logs only a change
@@ -311,10 +319,13 @@ class KnowledgeBase:
         from .chunking import CHUNKING_VERSION  # here: a search never loads the chunker
 
         s = self.spec
-        return {"analyzer": ANALYZER_VERSION, "chunking": CHUNKING_VERSION,
-                "strategy": s.strategy, "chunk_size": s.chunk_size, "chunk_overlap": s.chunk_overlap,
-                "k1": s.k1, "b": s.b, "retrieval": s.retrieval, "embedding": s.embedding, "compact": s.compact,
-                "embedding_model": getattr(getattr(self.embedder, "provider", None), "model", "")}
+        settings = {"analyzer": ANALYZER_VERSION, "chunking": CHUNKING_VERSION,
+                    "strategy": s.strategy, "chunk_size": s.chunk_size, "chunk_overlap": s.chunk_overlap,
+                    "k1": s.k1, "b": s.b, "retrieval": s.retrieval, "embedding": s.embedding, "compact": s.compact,
+                    "embedding_model": getattr(getattr(self.embedder, "provider", None), "model", "")}
+        if s.redact:   # only when on: a store from before index-time redaction existed is not re-indexed
+            settings["redact"] = sorted(s.redact)
+        return settings
 
     @staticmethod
     def _stored_settings(generation):
@@ -379,6 +390,8 @@ class KnowledgeBase:
             chunks = []
             for doc in extract(shown, data, max_bytes=spec.max_file_bytes):
                 chunks += chunk_document(doc, spec.strategy, spec.chunk_size, spec.chunk_overlap)
+            if spec.redact:
+                self._redact(chunks, report)
         except SkipFile as exc:
             skip = _Skip(str(exc), lasting=True, loud=too_large)
         except OSError as exc:  # permissions may change without the file doing so: tried again next run
@@ -390,6 +403,26 @@ class KnowledgeBase:
             return hashlib.sha256(data).hexdigest(), chunks
         report.skipped.append((shown, skip.reason))
         return skip
+
+    def _redact(self, chunks, report):
+        """Redact ``chunks``' text (and context line) in place, counting what went in ``report``.
+
+        Chunk ids and hashes stay those of the original text: a file is still
+        recognised as unchanged, and the redaction is not a change to it.
+        """
+        from .redact import Redactor  # here: only a KB that redacts loads it
+
+        redactor = self._redactor
+        if redactor is None:
+            redactor = self._redactor = Redactor(categories=self.spec.redact)
+        counts = collections.Counter(report.redactions)
+        for chunk in chunks:
+            chunk.text, found = redactor.redact(chunk.text)
+            counts.update(found)
+            if chunk.context:
+                chunk.context, found = redactor.redact(chunk.context)
+                counts.update(found)
+        report.redactions = dict(counts)
 
     def chunk_terms(self, chunk):
         """Index terms of a chunk.  Title, heading path, symbol and file name count
@@ -811,7 +844,10 @@ class KnowledgeBases:
         all of them and the disk cache has one writer.
         """
         self.config = config
-        specs = {name: _kb_spec(name, raw) for name, raw in config.knowledge_bases.items()}
+        redact = config.guardrails["redact"]
+        # Redacting at index time is the store's business, so it is global: every KB, every model.
+        at_index = tuple(sorted(redact["categories"])) if redact["enabled"] and redact["at"] == "index" else ()
+        specs = {name: _kb_spec(name, raw, at_index) for name, raw in config.knowledge_bases.items()}
         with self._lock:
             embedders, kbs = {}, {}
             for name, spec in specs.items():
@@ -915,11 +951,11 @@ def _log_undeclared(name, where, documents_dir):
             documents_dir + os.sep, f" (or did you mean {close!r}?)" if close else "")
 
 
-def _kb_spec(name, raw):
+def _kb_spec(name, raw, redact=()):
     chunking, bm25, weights = raw["chunking"], raw["bm25"], raw["weights"]
     return KBSpec(name=name, sources=tuple(raw["sources"]), include=tuple(raw["include"]),
                   exclude=tuple(raw["exclude"]), gitignore=raw["gitignore"], retrieval=raw["retrieval"],
                   embedding=raw["embedding"], strategy=chunking["strategy"], chunk_size=chunking["chunk_size"],
                   chunk_overlap=chunking["chunk_overlap"], k1=bm25["k1"], b=bm25["b"],
                   max_file_bytes=raw["max_file_bytes"], lexical_weight=weights["lexical"],
-                  dense_weight=weights["dense"], fusion=raw["fusion"], compact=raw["compact"])
+                  dense_weight=weights["dense"], fusion=raw["fusion"], compact=raw["compact"], redact=redact)

@@ -5,7 +5,7 @@ by the same entry dicts as the request log and by the MCP server's tool
 calls, plus collectors that read gauges (chunks, bytes, indexing progress)
 when /metrics is scraped.
 
-May import: reqlog.
+May import: guard, redact, reqlog.
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import math
 import re
 import threading
 
+from .guard import CATEGORIES as GUARD_CATEGORIES
+from .redact import CATEGORIES as REDACT_CATEGORIES
 from .reqlog import RETRIEVAL_ATTEMPTED
 
 log = logging.getLogger("ragproxy")
@@ -205,11 +207,28 @@ _METRIC_FAMILIES = (
      ("tool", "outcome")),
     ("histogram", "ragproxy_mcp_tool_seconds", "MCP tool call time in seconds by tool.", ("tool",),
      _SECONDS_BUCKETS),
+    ("counter", "ragproxy_guard_findings_total",
+     "Guardrail findings (poisoning rules and deny patterns) by category and the action taken (drop, deny, flag).",
+     ("category", "action")),
+    ("counter", "ragproxy_guard_chunks_dropped_total", "Retrieved chunks dropped as suspected prompt injections.",
+     ()),
+    ("counter", "ragproxy_guard_requests_denied_total",
+     "Requests refused by the guardrails, by where the finding was (retrieved context, input tool results).",
+     ("where",)),
+    ("counter", "ragproxy_redactions_total",
+     "Secrets and personal data redacted, by category and where (inject: retrieved context; index: stored chunks).",
+     ("category", "at")),
+    ("counter", "ragproxy_context_chunks_cut_total",
+     "Retrieved chunks left out so that the enriched request fits the model's max_input_tokens.", ()),
 )
 #: The closed label sets of the MCP families: the MCP server's tools, and what a call came to
 #: ("denied": it named a knowledge base the caller's key may not read).
 MCP_TOOLS = ("search", "list_knowledge_bases", "read_source")
 MCP_OUTCOMES = ("ok", "error", "denied")
+#: The closed label sets of the guardrail families (categories: guard.CATEGORIES, redact.CATEGORIES;
+#: anything else, which neither module reports, counts as "other").
+GUARD_ACTIONS = ("drop", "deny", "flag")
+GUARD_WHERE = ("retrieved", "input")
 _FAMILY_CLASSES = {"counter": _PromCounter, "gauge": _PromGauge, "histogram": _PromHistogram}
 
 
@@ -279,9 +298,29 @@ class Metrics:
                     retrieval.observe(seconds, stage=stage)
             if entry.get("context_tokens") is not None:
                 self._families["ragproxy_context_tokens"].observe(entry["context_tokens"])
+        self._observe_guardrails(entry)
         if entry.get("upstream_ms") is not None and entry.get("upstream"):
             self._families["ragproxy_upstream_seconds"].observe(
                 float(entry["upstream_ms"]) / 1000.0, provider=entry["upstream"])
+
+    def _observe_guardrails(self, entry):
+        findings = self._families["ragproxy_guard_findings_total"]
+        for finding in entry.get("guard_findings") or ():
+            category, action = finding.get("category"), finding.get("action")
+            findings.inc(category=category if category in GUARD_CATEGORIES else "other",
+                         action=action if action in GUARD_ACTIONS else "other")
+        if entry.get("dropped"):
+            self._families["ragproxy_guard_chunks_dropped_total"].inc(entry["dropped"])
+        if entry.get("denied"):
+            where = entry["denied"]
+            self._families["ragproxy_guard_requests_denied_total"].inc(where=where if where in GUARD_WHERE else "other")
+        redactions = self._families["ragproxy_redactions_total"]
+        for category, n in (entry.get("redactions") or {}).items():
+            if n:
+                redactions.inc(n, category=category if category in REDACT_CATEGORIES else "other", at="inject")
+        cut = (entry.get("budget") or {}).get("cut")
+        if cut:
+            self._families["ragproxy_context_chunks_cut_total"].inc(cut)
 
     def observe_tool_call(self, tool, outcome, seconds):
         """Count one MCP tool call; ``tool`` and ``outcome`` must be from MCP_TOOLS and MCP_OUTCOMES."""
@@ -290,14 +329,19 @@ class Metrics:
         self._families["ragproxy_mcp_tool_calls_total"].inc(tool=tool, outcome=outcome)
         self._families["ragproxy_mcp_tool_seconds"].observe(seconds, tool=tool)
 
-    def observe_index(self, kb, indexed=0, skipped=0, deferred=0, errors=0):
-        """Count one indexing pass's files (e.g. from an IndexReport) for knowledge base ``kb``."""
+    def observe_index(self, kb, indexed=0, skipped=0, deferred=0, errors=0, redactions=None):
+        """Count one indexing pass's files (e.g. from an IndexReport) for knowledge base ``kb``,
+        and what it redacted (``{category: n}``, guardrails.redact at: index)."""
         files = self._families["ragproxy_index_files_total"]
         for result, n in (("indexed", indexed), ("skipped", skipped), ("deferred", deferred)):
             if n:
                 files.inc(n, kb=kb, result=result)
         if errors:
             self._families["ragproxy_index_errors_total"].inc(errors, kb=kb)
+        for category, n in (redactions or {}).items():
+            if n:
+                self._families["ragproxy_redactions_total"].inc(
+                    n, category=category if category in REDACT_CATEGORIES else "other", at="index")
 
     def _collect(self):
         overrides = collections.defaultdict(dict)

@@ -210,14 +210,16 @@ class App:
                  "total_ms": (self.clock() - trace.started) * 1000.0, "status": status, "streamed": streamed,
                  # A failed retrieval's client error is the same every time; its cause is for the log.
                  "error": retrieval["error"] if retrieval.get("outcome") == "failed" else
-                 error or retrieval.get("error"), "query": retrieval.get("query")}
+                 error or retrieval.get("error"), "query": retrieval.get("query"),
+                 # What the guardrails found, dropped, refused and redacted, and the token budget.
+                 **(retrieval.get("guardrails") or {})}
         self.metrics.observe_request(entry)
         if self.request_log is not None:
             self.request_log.record(entry)
 
     def _observe_index(self, report):
         self.metrics.observe_index(report.kb, indexed=report.added + report.changed, skipped=len(report.skipped),
-                                   deferred=len(report.deferred))
+                                   deferred=len(report.deferred), redactions=report.redactions)
 
     def _collect_gauges(self):
         out = []

@@ -10,12 +10,20 @@ as it is now.  Retrieval has a time limit (rag.timeout_ms, a model's
 timeout_ms); when it fails or runs out the route's on_failure decides:
 degrade, fail closed, or reuse stale context.
 
-May import: api, config, deps, embeddings, fusion, inject, npy.
+Between the search and the rendering, the model's guardrails screen what was
+retrieved: secrets and personal data redacted, then the poisoning guard and
+the operator's deny patterns (a finding drops the chunk, refuses the request,
+or is only recorded); with ``scan: input`` the request's tool results are
+screened too.  A model's max_input_tokens then cuts context, whole chunks
+from the end, until the enriched request fits.
+
+May import: api, config, deps, embeddings, fusion, guard, inject, npy, redact.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import logging
 import math
 import threading
@@ -26,6 +34,7 @@ from .api import ClientError, json_response
 from .config import key_allows_kb, key_scope, valid_kb_name
 from .embeddings import Deadline, EmbeddingError, RerankClient, RerankError, time_limit
 from .fusion import reciprocal_ranks
+from .guard import Guard
 from .inject import (
     DEFAULT_CHUNK_TEMPLATE,
     continues_turn,
@@ -33,12 +42,14 @@ from .inject import (
     extract_query,
     fill_template,
     inject,
+    line_range,
     question_text,
     render_chunks,
     turn_key,
     uses_query,
 )
 from .npy import StoreError
+from .redact import Redactor
 
 log = logging.getLogger("ragproxy")
 
@@ -76,6 +87,11 @@ class RetrievalFailed(Exception):
         return json_response(self.STATUS, body)
 
 
+def _rails_of(config):
+    """Every model's guardrails, comparable between two configs."""
+    return json.dumps([config.guardrails, [(r.name, r.guardrails) for r in config.models]], sort_keys=True)
+
+
 class _OutOfTime(Exception):
     """The retrieval's time limit ran out between two stages."""
 
@@ -96,6 +112,176 @@ class Retrieved:
     hits: tuple = ()
     context: str = ""
     replaces_question: bool = False
+    chunks: tuple = ()      # the rendered chunk dicts, screened: a budget cut renders fewer of them
+
+
+# A guardrail refusal: the request is well formed and the client authorised,
+# but ragproxy's policy will not send it on.  403, not 400: nothing in the
+# request's syntax is wrong and the client cannot fix it by rewording (the
+# poisoned text is a document's, or a tool's), which is what a 400 asks of it;
+# and no client retries a 403 (a 5xx would be retried, in vain).
+DENY_STATUS = 403
+DENY_CODE = "guardrail_denied"
+# What a finding's excerpt may hold: enough to read the rule's match.
+_EXCERPT_CHARS = 200
+# Keys whose strings are base64 (images, files), not text a model reads as tokens.
+_BINARY_KEYS = frozenset(("data", "images", "file_data", "image_url"))
+
+
+class _Screening:
+    """One request's guardrails: the model's settings and what they found, for the request log."""
+
+    def __init__(self, rails, guard_for, redactor_for):
+        poisoning, redact = rails["context_poisoning"], rails["redact"]
+        self.poisoning = poisoning["enabled"]
+        self.min_confidence = poisoning["min_confidence"]
+        # Deny patterns drop a chunk on their own; with the guard on, they share its action.
+        self.action = poisoning["action"] if self.poisoning else "drop"
+        patterns = tuple(rails["deny_patterns"])
+        active = self.poisoning or bool(patterns)
+        scan = poisoning["scan"] if self.poisoning else "retrieved"
+        self.scan_retrieved = active and scan in ("retrieved", "both")
+        self.scan_input = active and scan in ("input", "both")
+        self.guard = guard_for(patterns) if active else None
+        self.redactor = redactor_for(tuple(redact["categories"])) \
+            if redact["enabled"] and redact["at"] == "inject" else None
+        self.findings = []
+        self.dropped = 0
+        self.denied = None            # where the refusal came from: "retrieved" or "input"
+        self.redactions = collections.Counter()
+        self.budget = None
+
+    def _findings(self, text):
+        """The guard's findings in ``text`` that count: a deny pattern's always, a rule's at min_confidence."""
+        return [f for f in self.guard.scan(text)
+                if f.category == "deny_pattern" or (self.poisoning and f.confidence >= self.min_confidence)]
+
+    def _note(self, findings, text, where, item, action, chunk_id=None):
+        for f in findings:
+            finding = {"rule_id": f.rule_id, "category": f.category, "confidence": round(f.confidence, 3),
+                       "where": where, "item": item, "action": action,
+                       "excerpt": text[f.start:f.end][:_EXCERPT_CHARS]}
+            if chunk_id is not None:
+                finding["chunk_id"] = chunk_id
+            self.findings.append(finding)
+
+    def screen_chunks(self, chunks):
+        """``chunks`` redacted and screened: the ones to render (a ``deny`` raises ClientError)."""
+        kept = []
+        for chunk in chunks:
+            if self.redactor is not None:
+                text, counts = self.redactor.redact(chunk["content"])
+                if counts:
+                    self.redactions.update(counts)
+                    chunk = dict(chunk, content=text, text=text)
+            findings = self._findings(chunk["content"]) if self.scan_retrieved else ()
+            if findings:
+                lines = line_range(chunk)
+                self._note(findings, chunk["content"], "retrieved",
+                           str(chunk.get("source", "")) + (":" + lines if lines else ""), self.action,
+                           chunk.get("id", ""))
+                if self.action == "deny":
+                    self.refuse("retrieved", findings)
+                if self.action == "drop":
+                    self.dropped += 1
+                    continue
+            kept.append(chunk)
+        return kept
+
+    def screen_input(self, endpoint, payload):
+        """Screen the tool and function results of the request's latest round.
+
+        They are the client's conversation, not ragproxy's to edit: ``deny``
+        refuses the request, and ``drop`` (which would have to cut a tool
+        result out of the conversation, or leave a tool call unanswered)
+        records the finding as ``flag`` does.
+        """
+        if not self.scan_input:
+            return
+        action = "deny" if self.action == "deny" else "flag"
+        for n, text in enumerate(tool_results(endpoint, payload), 1):
+            findings = self._findings(text)
+            if findings:
+                self._note(findings, text, "input", f"tool_result[{n}]", action)
+                if action == "deny":
+                    self.refuse("input", findings)
+
+    def refuse(self, where, findings):
+        self.denied = where
+        what = "retrieved context" if where == "retrieved" else "a tool result in the request"
+        rules = ", ".join(sorted({f.rule_id for f in findings}))
+        raise ClientError(DENY_STATUS, f"refused by ragproxy's guardrails: {what} looks like a prompt injection "
+                                       f"({rules}); the model was not called", DENY_CODE)
+
+    def log_fields(self):
+        """The request log's and the metrics' fields (reqlog.REQUEST_LOG_FIELDS)."""
+        screened = self.guard is not None   # else 0 findings would claim a screening that never ran
+        return {"findings": len(self.findings) if screened else None,
+                "rule_ids": sorted({f["rule_id"] for f in self.findings}) if screened else None,
+                "dropped": self.dropped if screened else None, "denied": self.denied,
+                "redactions": dict(self.redactions) if self.redactor is not None else None,
+                "guard_findings": self.findings or None, "budget": self.budget}
+
+
+def tool_results(endpoint, payload):
+    """The texts of the tool and function results of the request's latest round.
+
+    Those after the model's last turn: OpenAI chat and Ollama ``tool`` (and
+    ``function``) messages, Anthropic ``tool_result`` blocks, Responses
+    ``function_call_output`` items.  Earlier rounds' results were screened
+    when they were new; one that was refused is still after the model's last
+    turn, since no answer came.
+    """
+    if endpoint == "responses":
+        items = payload.get("input")
+        if not isinstance(items, list):
+            return []
+        items = [i for i in items if isinstance(i, dict)]
+        last = max((n for n, i in enumerate(items) if i.get("role") == "assistant" or i.get("type") in (
+            "function_call", "custom_tool_call", "reasoning")), default=-1)
+        return [t for i in items[last + 1:] if i.get("type") in ("function_call_output", "custom_tool_call_output")
+                for t in _texts(i.get("output"))]
+    messages = payload.get("messages")
+    if endpoint not in ("chat", "messages", "ollama_chat") or not isinstance(messages, list):
+        return []
+    messages = [m for m in messages if isinstance(m, dict)]
+    last = max((n for n, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    out = []
+    for message in messages[last + 1:]:
+        if endpoint == "messages":
+            if message.get("role") == "user" and isinstance(message.get("content"), list):
+                out += [t for block in message["content"] if isinstance(block, dict)
+                        and block.get("type") == "tool_result" for t in _texts(block.get("content"))]
+        elif message.get("role") in ("tool", "function"):
+            out += _texts(message.get("content"))
+    return out
+
+
+def _texts(content):
+    """A result's text: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return [content] if content else []
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str) and p["text"]]
+    return []
+
+
+def request_tokens(payload, count_tokens):
+    """The tokens of a request's text: every string in it but the model's name and base64 data.
+
+    Walked with a list, not recursion (a client's nesting is not Python's stack).
+    """
+    total, todo = 0, [v for k, v in payload.items() if k != "model"] if isinstance(payload, dict) else []
+    while todo:
+        value = todo.pop()
+        if isinstance(value, str):
+            if value and not value.startswith("data:"):
+                total += count_tokens(value)
+        elif isinstance(value, dict):
+            todo.extend(v for k, v in value.items() if k not in _BINARY_KEYS)
+        elif isinstance(value, list):
+            todo.extend(value)
+    return total
 
 
 def split_model_kbs(model):
@@ -278,13 +464,38 @@ class Retriever:
         self.turns = _LRU(app.config.rag["turn_cache_size"])
         self.stale = _LRU(app.config.rag["turn_cache_size"])
         self.disabled_rerankers = {}  # provider name -> why, after a permanent error (the panel shows it)
+        self._guards, self._redactors = {}, {}   # compiled once per set of deny patterns / categories
+        self._rails = _rails_of(app.config)
 
     def reconfigure(self, config):
         """After a reload: the caches take the new rag.turn_cache_size, and rerankers
-        disabled by a permanent error get another chance."""
+        disabled by a permanent error get another chance.  New guardrails empty
+        both caches: what they hold was screened by the old ones."""
         for cache in (self.turns, self.stale):
             cache.resize(config.rag["turn_cache_size"])
+        rails = _rails_of(config)
+        if rails != self._rails:
+            self._rails = rails
+            for cache in (self.turns, self.stale):
+                cache.resize(0)
+                cache.resize(config.rag["turn_cache_size"])
         self.disabled_rerankers.clear()
+
+    def _guard(self, patterns):
+        guard = self._guards.get(patterns)
+        if guard is None:
+            guard = self._guards[patterns] = Guard(deny_patterns=patterns)
+        return guard
+
+    def _redactor(self, categories):
+        redactor = self._redactors.get(categories)
+        if redactor is None:
+            redactor = self._redactors[categories] = Redactor(categories=categories)
+        return redactor
+
+    def screening(self, route):
+        """A fresh _Screening for one request to ``route`` (a ModelRoute)."""
+        return _Screening(route.guardrails or self.app.config.guardrails, self._guard, self._redactor)
 
     def select_kbs(self, exchange):
         """``(names, left_out)``: the KBs to search for ``exchange`` and those of its model's
@@ -321,9 +532,18 @@ class Retriever:
             raise ClientError(400, f"unknown knowledge base(s): {', '.join(unknown)}", "unknown_knowledge_base")
 
     def __call__(self, exchange):
-        endpoint = exchange.endpoint.name
-        if endpoint not in _INJECTABLE:
+        if exchange.endpoint.name not in _INJECTABLE:
             return
+        screen = self.screening(exchange.route)
+        try:
+            screen.screen_input(exchange.endpoint.name, exchange.payload)
+            self._rewrite(exchange, screen)
+        finally:   # a refusal too is logged with what it found
+            exchange.retrieval = exchange.retrieval or {}
+            exchange.retrieval["guardrails"] = screen.log_fields()
+
+    def _rewrite(self, exchange, screen):
+        endpoint = exchange.endpoint.name
         names, left_out = self.select_kbs(exchange)
         if not names:
             if left_out:   # the request log says why a mapping with KBs injected nothing
@@ -350,6 +570,12 @@ class Retriever:
         if not query.strip():
             return
         stages["query_build"] = clock() - started
+        limit = route.max_input_tokens
+        own_tokens = request_tokens(payload, self.count_tokens) if limit else 0
+        if limit and own_tokens >= limit:   # no context can fit, and the client's words are not ours to cut
+            screen.budget = {"limit": limit, "request_tokens": own_tokens, "cut": 0, "over": True}
+            exchange.retrieval["outcome"] = "over_budget"
+            return
         # Keyed by the key's scope too: a key never gets context retrieved for another.
         key = (turn, tuple(names), route.name, route.inject_mode, key_scope(exchange.key)) if turn else None
         # Only a later round of the turn reuses what its first request got; the
@@ -358,9 +584,13 @@ class Retriever:
         if found is not None:
             exchange.retrieval["outcome"] = "cached"
         else:
-            found = self._retrieve(exchange, names, query, question, in_place)
+            found = self._retrieve(exchange, names, query, question, in_place, screen)
             if key and found.outcome in ("retrieved", "no_match"):
                 self.turns.put(key, found)
+        if limit and found.text:
+            found = self._fit(found, limit, own_tokens, question, screen)
+            if not found.text:
+                exchange.retrieval["outcome"] = "over_budget"
         try:
             edits = inject(endpoint, payload, found.text, route.inject_mode, found.replaces_question) \
                 if found.text else ()
@@ -376,8 +606,37 @@ class Retriever:
         exchange.retrieval.update(sources=found.sources, hits=found.hits, ms=stages["total"] * 1000.0,
                                   context_tokens=tokens)
 
-    def _retrieve(self, exchange, names, query, question, in_place):
-        """Search and render; ``question`` fills the template's {query}, in the
+    def _fit(self, found, limit, own_tokens, question, screen):
+        """``found`` with whole chunks cut from its end until the request, ``own_tokens``
+        without it, fits ``limit``; ``found`` itself when it fits already.
+
+        The recount uses the estimator the context's budget uses, and counts
+        what the injection adds (in the person's words' place, the text less them).
+        """
+        rag = self.app.config.rag
+        asked = self.count_tokens(question) if found.replaces_question else 0
+
+        def added(text):
+            return max(0, self.count_tokens(text) - asked) if text else 0
+
+        chunks, text, context = list(found.chunks), found.text, found.context
+        while chunks and own_tokens + added(text) > limit:
+            chunks.pop()
+            context = render_chunks(chunks, rag["chunk_template"] or DEFAULT_CHUNK_TEMPLATE, 1 << 62,
+                                    self.count_tokens)[0] if chunks else ""
+            text = fill_template(rag["inject_template"], context, question) if chunks else ""
+        if own_tokens + added(text) > limit:   # no chunk left, or a found without its chunks
+            chunks, text, context = [], "", ""
+        cut = len(found.chunks) - len(chunks) if found.chunks else (0 if text else 1)
+        screen.budget = {"limit": limit, "request_tokens": own_tokens, "cut": cut, "over": not text,
+                         "tokens": own_tokens + added(text)}
+        if not cut:
+            return found
+        return dataclasses.replace(found, text=text, context=context, chunks=tuple(chunks),
+                                   sources=tuple(c["id"] for c in chunks))
+
+    def _retrieve(self, exchange, names, query, question, in_place, screen):
+        """Search, screen and render; ``question`` fills the template's {query}, in the
         person's words' place when ``in_place`` (which the budget then leaves out)."""
         rag = self.app.config.rag
         route = exchange.route
@@ -401,8 +660,11 @@ class Retriever:
                 raise RetrievalFailed(f"knowledge-base retrieval failed: {exc}") from None
             exchange.retrieval["outcome"] = "degraded"
             return Retrieved("", (), "degraded")
-        chunks = [dict(hit.chunk, content=hit.chunk.get("text", ""), score=round(hit.score, 4), kb=hit.kb)
-                  for hit in hits]
+        chunks = screen.screen_chunks([dict(hit.chunk, content=hit.chunk.get("text", ""),
+                                            score=round(hit.score, 4), kb=hit.kb) for hit in hits])
+        if screen.dropped:   # what the request log and the header cite is what was injected
+            kept = {c["id"] for c in chunks}
+            hits = [hit for hit in hits if hit.id in kept]
         context, used = "", []
         if chunks and rag["max_context_tokens"] > 0:
             # As render_context, except that the person's own words, when they
@@ -414,7 +676,7 @@ class Retriever:
         outcome = "retrieved" if used else "no_match"
         exchange.retrieval["outcome"] = outcome
         found = Retrieved(fill_template(template, context, question) if used else "", tuple(c["id"] for c in used),
-                          outcome, self.app.clock(), tuple(hits), context, in_place)
+                          outcome, self.app.clock(), tuple(hits), context, in_place, tuple(used))
         if used:
             self.stale.put(stale_key, found)
         return found

@@ -518,3 +518,54 @@ def test_start_creates_every_configured_kbs_documents_folder(tmp_path):
         assert (tmp_path / "documents" / "added").is_dir()
     finally:
         kbs.stop(wait=30)
+
+
+# -- guardrails.redact at: index ---------------------------------------------------------------
+
+CONTACT = "alice.ops@example.com"
+AWS_KEY = "AKIAIOSFODNN7EXAMPLE"   # AWS's documented example access key id
+
+
+def _stored_bytes(root):
+    out = b""
+    for folder, _, files in os.walk(str(root)):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                out += f.read()
+    return out
+
+
+def test_redaction_at_index_keeps_secrets_out_of_the_store_and_toggling_it_reindexes(tmp_path, docs):
+    write(str(docs / "ops.md"), f"# On call\n\nPage the on-call lead at {CONTACT}; the deploy key is {AWS_KEY}.\n")
+    rails = "guardrails:\n  redact: {enabled: true, at: index, categories: [email, cloud_token]}\n"
+    kbs = ragproxy.KnowledgeBases(ragproxy.Config.from_text(UNDECLARED + rails, environ={}), str(tmp_path))
+    kb = kbs.get("kb")
+    assert kb.spec.redact == ("cloud_token", "email")
+    report = kbs.index_all()[0]
+    assert report.redactions == {"email": 1, "cloud_token": 1} and "2 redactions" in report.summary()
+    hit = kb.search("who do I page on call", 1)[0]
+    assert "[REDACTED:email]" in hit.chunk["text"] and "[REDACTED:cloud_token]" in hit.chunk["text"]
+    stored = _stored_bytes(tmp_path / "vectordb")
+    assert CONTACT.encode() not in stored and AWS_KEY.encode() not in stored and b"alice" not in stored
+    assert all(CONTACT not in h.chunk["text"] for h in kb.search("alice ops example", 5))
+    import json
+    settings = json.loads(kb.current()[0].read_file("settings.json"))
+    assert settings["redact"] == ["cloud_token", "email"]
+    assert not kb.index().committed   # nothing changed: nothing to do
+    # Turned off, every file is indexed again, as written.
+    kbs.configure(ragproxy.Config.from_text(UNDECLARED, environ={}))
+    plain = kbs.get("kb")
+    assert plain is not kb and plain.spec.redact == ()
+    report = kbs.index_all()[0]
+    assert report.committed and report.added == 4 and report.redactions == {}
+    assert CONTACT in plain.search("who do I page on call", 1)[0].chunk["text"]
+    assert "redact" not in json.loads(plain.current()[0].read_file("settings.json"))
+
+
+def test_redaction_at_inject_leaves_the_store_as_written(tmp_path, docs):
+    write(str(docs / "ops.md"), f"# On call\n\nPage the on-call lead at {CONTACT}.\n")
+    rails = "guardrails:\n  redact: {enabled: true}\n"
+    kbs = ragproxy.KnowledgeBases(ragproxy.Config.from_text(UNDECLARED + rails, environ={}), str(tmp_path))
+    assert kbs.get("kb").spec.redact == ()
+    kbs.index_all()
+    assert CONTACT in kbs.get("kb").search("who do I page on call", 1)[0].chunk["text"]

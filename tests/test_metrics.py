@@ -156,3 +156,31 @@ def test_metrics_are_thread_safe():
     assert errors.value(kb="docs") == 16000
     cumulative, total, count = hist.snapshot(provider="oa")
     assert count == 16000 and cumulative[-1] == 16000 and total == pytest.approx(0.3 * 16000)
+
+
+def test_guardrail_families_count_findings_drops_denials_redactions_and_cuts():
+    from prometheus_client import parser  # requirements-test.txt: never skipped
+    m = Metrics()
+    finding = {"rule_id": "override.ignore_previous", "category": "instruction_override", "action": "drop"}
+    m.observe_request(entry(findings=2, dropped=2, redactions={"email": 3, "jwt": 0},
+                            guard_findings=[finding, dict(finding, category="exfiltration")],
+                            budget={"limit": 100, "request_tokens": 50, "cut": 2, "over": False}))
+    m.observe_request(entry(findings=1, denied="input", guard_findings=[dict(finding, action="deny")]))
+    # What neither guard nor redact reports cannot grow a label set.
+    m.observe_request(entry(denied="elsewhere", redactions={"surname": 1},
+                            guard_findings=[{"category": "made_up", "action": "explode"}]))
+    m.observe_index("docs", redactions={"cloud_token": 4})
+    families = {f.name: f for f in parser.text_string_to_metric_families(m.render())}
+
+    def samples(name):
+        return {tuple(sorted(s.labels.items())): s.value for s in families[name].samples if s.name.endswith("_total")}
+
+    assert samples("ragproxy_guard_findings") == {
+        (("action", "drop"), ("category", "instruction_override")): 1, (("action", "drop"), ("category", "exfiltration")): 1,
+        (("action", "deny"), ("category", "instruction_override")): 1, (("action", "other"), ("category", "other")): 1}
+    assert samples("ragproxy_guard_chunks_dropped") == {(): 2}
+    assert samples("ragproxy_guard_requests_denied") == {(("where", "input"),): 1, (("where", "other"),): 1}
+    assert samples("ragproxy_redactions") == {(("at", "inject"), ("category", "email")): 3,
+                                              (("at", "inject"), ("category", "other")): 1,
+                                              (("at", "index"), ("category", "cloud_token")): 4}
+    assert samples("ragproxy_context_chunks_cut") == {(): 2}
