@@ -7,10 +7,12 @@ conversation out, a command for the agent to run, or text hidden from the
 human reader (zero-width or tag characters, HTML comments, CSS-hidden
 elements, base64/hex/URL-encoded/rot13 blobs).  ``Guard.scan(text)``
 returns a ``Finding`` per match: a stable ``rule_id`` (RULE_IDS is the
-closed set, for metrics labels), its ``category`` (CATEGORIES), a
-``confidence`` in 0..1 and the span in ``text``.  Callers keep the
-findings at or above a threshold (DEFAULT_MIN_CONFIDENCE, chosen by
-bench/guard.py on a labelled set and on ordinary documentation).
+closed set, for metrics labels; an operator pattern's is
+``deny_pattern.<index>``, and ``Guard.rule_ids`` adds those), its
+``category`` (CATEGORIES), a ``confidence`` in 0..1 and the span in
+``text`` (for decoded text, the span of the hidden or encoded source).
+Callers keep the findings at or above a threshold (DEFAULT_MIN_CONFIDENCE,
+chosen by bench/guard.py on a labelled set and on ordinary documentation).
 
 Precision matters as much as recall: documentation quotes attacks, code says
 ``ignore_errors=True``, a guide says "ignore the previous section if you use
@@ -22,8 +24,9 @@ to an AI, assistant or model, or hidden, it rises.
 Hidden and encoded text is decoded (a bounded amount) and scanned once more
 with the plain rules, never recursively.  Every quantifier in the patterns
 is bounded and candidates are pre-filtered by plain substring tests, so a
-scan stays linear on pathological input (1 MB of near-matches).  Operator
-``deny_patterns`` are the operator's own regexes: their cost is theirs.
+scan stays linear on pathological input (1 MB of near-matches); a rule
+reports at most _MAX_PER_RULE findings per text.  Operator ``deny_patterns``
+are the operator's own regexes: their cost is theirs.
 
 May import: nothing.
 """
@@ -33,6 +36,7 @@ import base64
 import binascii
 import bisect
 import codecs
+import logging
 import re
 import unicodedata
 import urllib.parse
@@ -397,17 +401,12 @@ _OPEN_SINGLE = re.compile(r"(?<![\w])['‘](?=\w)")
 _CLOSE_SINGLE = re.compile(r"(?<=[\w.!?])['’](?![\w])")
 
 
-def _rule_ids():
-    ids = {rid for rid, *_ in _SIMPLE}
-    ids.update({"override.ignore_previous", "override.ignore_instructions",
-                "exfil.markdown_image_data", "exfil.markdown_link_data", "exfil.url_placeholder", "exfil.url_long_param",
-                "hidden.tag_characters", "hidden.zero_width", "hidden.bidi_control", "hidden.html_comment",
-                "hidden.css_hidden", "encoded.base64", "encoded.hex", "encoded.url_encoded", "encoded.rot13",
-                "encoded.decode_and_follow"})
-    return frozenset(ids)
-
-
-RULE_IDS = _rule_ids()
+# Every rule id a scan can report but the operator's ("deny_pattern.<index>", listed in Guard.rule_ids)
+RULE_IDS = frozenset({rid for rid, *_ in _SIMPLE} | {
+    "override.ignore_previous", "override.ignore_instructions",
+    "exfil.markdown_image_data", "exfil.markdown_link_data", "exfil.url_placeholder", "exfil.url_long_param",
+    "hidden.tag_characters", "hidden.zero_width", "hidden.bidi_control", "hidden.html_comment", "hidden.css_hidden",
+    "encoded.base64", "encoded.hex", "encoded.url_encoded", "encoded.rot13", "encoded.decode_and_follow"})
 
 
 class Guard:
@@ -432,7 +431,10 @@ class Guard:
             return []
         try:
             return self._scan(text)
-        except Exception:   # a rule bug must not take the request down; the rules are tested on fuzz instead
+        except Exception:
+            # a rule bug must not take the request down (the rules are fuzzed in tests/test_guard.py);
+            # it is logged, without the text, and the chunk passes unscreened
+            logging.getLogger("ragproxy").exception("the poisoning guard failed on a %d-character text", len(text))
             return []
 
     def _scan(self, text):
