@@ -551,7 +551,7 @@ def _plain(text, ctx=None, shift=None):
 
     candidates = []
     for lang, verb, noun, qual in _LANG_RULES:
-        if not any(g in lowered for g in _LANG_GATES[lang]):
+        if not any(map(lowered.__contains__, _LANG_GATES[lang])):
             continue
         for start, end, backward in _pairs(text, verb, noun, lang):
             if len(candidates) > 20 * _MAX_PER_RULE:
@@ -582,7 +582,7 @@ def _plain(text, ctx=None, shift=None):
     if best is not None:
         add(best[3], "instruction_override", best[2], best[0], best[1])
     for rid, cat, conf, rx, gate in _SIMPLE:
-        if gate and not any(g in lowered for g in gate):
+        if gate and not any(map(lowered.__contains__, gate)):
             continue
         for m in rx.finditer(text):
             c = conf
