@@ -346,6 +346,8 @@ _ZW_IN_WORD = re.compile("[A-Za-z][%s]{1,8}(?=[A-Za-z])|[^\\W\\d_][\u200b\u2060\
                          % _ZERO_WIDTH.replace("\u00ad", ""))
 _ZW_RUN = re.compile("[%s]{12,4096}" % _ZERO_WIDTH)
 _BIDI_RE = re.compile("[%s]" % _BIDI)
+# letters a model reads as ASCII though no ASCII rule matches them: full-width forms, mathematical alphanumerics
+_COMPAT_RE = re.compile("[\uff10-\uff19\uff21-\uff3a\uff41-\uff5a\U0001d400-\U0001d7ff]")
 
 _HIDDEN_STYLE = re.compile(
     r"display\s{0,3}:\s{0,3}none|visibility\s{0,3}:\s{0,3}hidden|font-size\s{0,3}:\s{0,3}0(?:\.0{1,3})?\s{0,3}(?:px|pt|em|rem|%)?\s{0,3}(?:;|!|$)"
@@ -697,11 +699,38 @@ def _hidden(text, budget, plain_rules):
     out = []
     if _INVISIBLE_RE.search(text):
         out.extend(_invisible(text, budget, plain_rules))
+    elif len(text) <= 2 * _DECODE_BUDGET and _COMPAT_RE.search(text):
+        out.extend(_view_findings(text, plain_rules))
     low = text.lower() if "<" in text else ""
     if "<!--" in text:
         out.extend(_comments(text, budget))
     if low and ("style" in low or "hidden" in low):
         out.extend(_css_hidden(text, low, budget))
+    return out
+
+
+def _model_view(text):
+    """The text as a model reads it: invisibles dropped, full-width and mathematical letters folded (NFKC);
+    with, for each character of the view, the index in ``text`` of the character it came from."""
+    chars, index = [], []
+    for i, ch in enumerate(text):
+        if _INVISIBLE_RE.match(ch):
+            continue
+        piece = unicodedata.normalize("NFKC", ch) if _COMPAT_RE.match(ch) else ch
+        chars.append(piece)
+        index.extend([i] * len(piece))
+    return "".join(chars), index
+
+
+def _view_findings(text, plain_rules):
+    """Rules that match only in the model's view of ``text`` were evaded on purpose: they count, and more."""
+    view, index = _model_view(text)
+    out = []
+    for f in _plain(view):
+        if f.rule_id not in plain_rules:
+            start = index[f.start] if f.start < len(index) else len(text)
+            end = index[f.end - 1] + 1 if 0 < f.end <= len(index) else len(text)
+            out.append(Finding(f.rule_id, f.category, round(min(1.0, f.confidence + 0.1), 3), start, end))
     return out
 
 
@@ -722,16 +751,7 @@ def _invisible(text, budget, plain_rules):
             out.append(Finding("hidden.tag_characters", "hidden_text", 0.75 if len(decoded) >= 4 else 0.5, m.start(), m.end()))
     zw = list(_ZW_IN_WORD.finditer(text))
     runs = list(_ZW_RUN.finditer(text))
-    stripped_findings = []
-    if len(text) <= 2 * _DECODE_BUDGET:
-        # the text as a model reads it without the invisibles: rules that only match there were evaded on purpose
-        keep = [i for i, ch in enumerate(text) if not _INVISIBLE_RE.match(ch)]
-        stripped = "".join(text[i] for i in keep)
-        for f in _plain(stripped):
-            if f.rule_id not in plain_rules:
-                s = keep[f.start] if f.start < len(keep) else len(text)
-                e = keep[f.end - 1] + 1 if 0 < f.end <= len(keep) else len(text)
-                stripped_findings.append(Finding(f.rule_id, f.category, round(min(1.0, f.confidence + 0.1), 3), s, e))
+    stripped_findings = _view_findings(text, plain_rules) if len(text) <= 2 * _DECODE_BUDGET else []
     out.extend(stripped_findings)
     if zw:
         conf = 0.85 if stripped_findings else 0.6 if len(zw) >= 3 else 0.35
