@@ -9,8 +9,8 @@ masked, in the views and in config.yaml's text alike; a masked key sent back
 unchanged keeps the stored one (see masking).  A client key made here (created
 or rotated) is random and is shown in full once, in that answer, never again.
 
-May import: api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, uploads, upstream,
-yamlish.
+May import: api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, metrics, reqlog, uploads,
+upstream, yamlish.
 """
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ from .files import remove_leftover_dirs
 from .http1 import parse_content_length
 from .jsonbody import json_object_of
 from .masking import MaskError, is_secret_header, mask_secret, mask_text, restore, restore_text
+from .metrics import MCP_OUTCOMES
+from .reqlog import RETRIEVAL_OUTCOMES
 from .uploads import UploadError, UploadLimits, Uploads
 from .upstream import UpstreamError
 from .yamlish import YAMLError, load_yaml
@@ -376,7 +378,9 @@ class Admin:
         return json_response(200, {
             "version": __version__, "features": deps.FEATURES, "uptime_s": round(self.clock() - self.app.started, 3),
             "models": [route.name for route in config.models], "kbs": sorted(config.knowledge_bases),
-            "config_path": self.config_file.path, "request_log": self.app.request_log is not None})
+            "config_path": self.config_file.path, "request_log": self.app.request_log is not None,
+            # What the logs page filters by: retrieval's outcomes, then an MCP tool call's.
+            "outcomes": list(dict.fromkeys(RETRIEVAL_OUTCOMES + MCP_OUTCOMES))})
 
     def openapi(self, request):
         return json_response(200, _openapi_document())

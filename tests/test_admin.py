@@ -14,6 +14,7 @@ import openai
 import pytest
 
 import ragproxy
+from _ragproxy import reqlog as ragproxy_reqlog
 from _ragproxy.admin import _ADMIN_ROUTES, _b64url
 from conftest import ADMIN_KEY, API_KEY, AdminClient, logged_rows, proxy_config
 
@@ -228,6 +229,15 @@ def test_provider_connection_test_reports_latency_and_errors(admin_proxy, fake):
     fake.fail_next(401, json.dumps({"error": {"message": "bad upstream key", "type": "invalid_request_error"}}))
     status, _, body = admin.post("/admin/api/providers/llm/oa/test")
     assert body["ok"] is False and body["status"] == 401 and "bad upstream key" in body["error"]
+
+
+def test_the_overview_lists_the_outcomes_the_logs_page_filters_by(admin_proxy):
+    status, _, body = admin_proxy.admin().get("/admin/api/overview")
+    # Every outcome a request-log row can hold, retrieval's and an MCP tool call's, from the server's own lists.
+    assert status == 200 and body["outcomes"][:len(ragproxy_reqlog.RETRIEVAL_OUTCOMES)] == \
+        list(ragproxy_reqlog.RETRIEVAL_OUTCOMES)
+    assert {"over_budget", "out_of_scope", "ok", "error", "denied"} <= set(body["outcomes"])
+    assert len(body["outcomes"]) == len(set(body["outcomes"]))
 
 
 def test_model_mapping_crud(admin_proxy):
