@@ -215,7 +215,8 @@ def _load_settings(opt, environ):
     ``index`` and ``import`` do when given a config file (it says what to
     index), and the read-only commands never do.
     """
-    from .config import Config, ConfigError, write_default_config
+    from .config import Config, ConfigError
+    from .configfile import write_default_config
     from .yamlish import YAMLError
 
     command = opt.get("command") or "serve"
@@ -560,7 +561,8 @@ def _serve(data_dir, config_path, overrides, config, environ):
     import threading
 
     from .admin import Admin, remove_deleted_kbs
-    from .config import ConfigError, ConfigFile, ConfigWatcher, describe_models
+    from .config import ConfigError, describe_models
+    from .configfile import ConfigFile, ConfigWatcher
     from .proxy import App
     from .server import make_server
     from .uploads import cleanup_staging
