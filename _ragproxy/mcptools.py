@@ -14,9 +14,10 @@ duck-typed: ``knowledge_bases``, ``retriever``, ``readable_kbs(key)``,
 ``config``, ``metrics``, ``request_log`` and ``clock``.  A tool answers only
 from the knowledge bases ``readable_kbs`` names for the caller's key; one
 that names another is a tool error, as a knowledge base still being indexed
-or failing is.
+or failing is.  What a tool returns goes through the global guardrails
+(``retriever.screening()``), as injected context goes through a model's.
 
-May import: embeddings, inject, metrics, npy.
+May import: api, embeddings, inject, metrics, npy.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import logging
 import os
 import time
 
+from .api import ClientError
 from .embeddings import Deadline, EmbeddingError, RerankError
 from .inject import line_range
 from .metrics import MCP_TOOLS
@@ -72,6 +74,7 @@ class _Call:
     query: str = None
     chunk_ids: list = dataclasses.field(default_factory=list)
     search_ms: float = None
+    guardrails: dict = dataclasses.field(default_factory=dict)   # the screening's request-log fields
 
 
 _STRING, _INTEGER, _NUMBER, _BOOLEAN = {"type": "string"}, {"type": "integer"}, {"type": "number"}, \
@@ -319,7 +322,7 @@ class KnowledgeTools:
             "model": call.tool, "upstream": None, "endpoint": "mcp_tool", "kbs": call.kbs,
             "retrieval_mode": call.mode, "outcome": outcome, "chunk_ids": call.chunk_ids,
             "retrieval_ms": call.search_ms, "total_ms": seconds * 1000.0, "status": 200, "streamed": streamed,
-            "error": error, "query": call.query})
+            "error": error, "query": call.query, **call.guardrails})
 
     # -- knowledge bases -----------------------------------------------------
 
@@ -442,6 +445,7 @@ class KnowledgeTools:
             raise ToolError(f"the search ran out of time (rag.timeout_ms is {rag['timeout_ms']} ms); try again "
                             "shortly" if late else _SEARCH_FAILED) from None
         call.search_ms = (time.perf_counter() - started) * 1000.0
+        hits = self._screened(hits, call)
         results, used, truncated = [], 0, False
         for rank, hit in enumerate(hits, 1):
             item = _result_item(rank, hit)
@@ -475,6 +479,27 @@ class KnowledgeTools:
         return self.app.retriever.search([kb.spec.name for kb in kbs], query, None, top_k, deadline=deadline,
                                          mode=mode)
 
+    def _screened(self, hits, call):
+        """``hits`` through the global guardrails (see _screen), in their order."""
+        kept = {chunk["id"]: chunk for chunk in self._screen([hit.chunk for hit in hits], call)}
+        return [dataclasses.replace(hit, chunk=kept[hit.id]) for hit in hits if hit.id in kept]
+
+    def _screen(self, chunks, call):
+        """The chunk dicts the global guardrails let through, redacted, as injected context is.
+
+        A tool's answer reaches the model as surely as injected context does:
+        secrets are redacted, a poisoned passage is dropped (with ``deny`` the
+        call is refused), and the request log records what was found.
+        """
+        screen = self.app.retriever.screening()
+        try:
+            kept = screen.screen_chunks([dict(c, content=c.get("text", "")) for c in chunks])
+        except ClientError as exc:   # action: deny
+            raise ToolError(exc.message, "denied") from None
+        finally:
+            call.guardrails = screen.log_fields()
+        return [dict(c, text=c.pop("content")) for c in kept]
+
     def _tool_read_source(self, args, key, call):
         kb = self._readable_kb(args["kb"], self._readable(key))
         name = kb.spec.name
@@ -499,6 +524,11 @@ class KnowledgeTools:
                 raise ToolError(f"{source} has lines 1-{last_line} as indexed; start_line {start} is past its end")
         else:
             picked = chunks
+        screened = self._screen(picked, call)
+        withheld, picked = len(picked) - len(screened), screened
+        if not picked:
+            raise ToolError(f"ragproxy's guardrails withheld every passage of {source} asked for "
+                            "(it looks like a prompt injection)", "denied")
         text, first, last, truncated, rest = _assemble(picked)
         call.chunk_ids = [c.get("id") for c in picked[:len(picked) - rest]]
         next_start = last + 1 if rest and last else None
@@ -508,6 +538,9 @@ class KnowledgeTools:
         parts = [f"{source} ({where}, knowledge base {name}):", text]
         if truncated:
             parts.append(f"[a passage was longer than {READ_CHAR_LIMIT:,} characters and was cut]")
+        if withheld:
+            parts.append(f"[{withheld} passage{'s' if withheld != 1 else ''} of these lines withheld by ragproxy's "
+                         f"guardrails: {'they look' if withheld != 1 else 'it looks'} like a prompt injection]")
         if next_start is not None:
             parts.append(f"[more: call read_source with start_line={next_start}]")
         return structured, "\n\n".join(parts)

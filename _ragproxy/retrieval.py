@@ -493,9 +493,11 @@ class Retriever:
             redactor = self._redactors[categories] = Redactor(categories=categories)
         return redactor
 
-    def screening(self, route):
-        """A fresh _Screening for one request to ``route`` (a ModelRoute)."""
-        return _Screening(route.guardrails or self.app.config.guardrails, self._guard, self._redactor)
+    def screening(self, route=None):
+        """A fresh _Screening for one request to ``route`` (a ModelRoute; None: the global guardrails,
+        as the MCP tools, which answer no model, use)."""
+        rails = route.guardrails if route is not None else None
+        return _Screening(rails or self.app.config.guardrails, self._guard, self._redactor)
 
     def select_kbs(self, exchange):
         """``(names, left_out)``: the KBs to search for ``exchange`` and those of its model's
