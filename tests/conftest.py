@@ -47,6 +47,16 @@ def logged_rows(app, count, timeout=5.0):
         time.sleep(0.01)
 
 
+def multipart_body(files, boundary="----ragproxyTestBoundary7MA4YWxkTrZu0gW"):
+    """A multipart/form-data body as a browser's FormData sends it, and its Content-Type: [(filename, bytes)]."""
+    out = []
+    for name, data in files:
+        out.append(f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
+                   "Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
+    out.append(f"--{boundary}--\r\n".encode())
+    return b"".join(out), f"multipart/form-data; boundary={boundary}"
+
+
 def send_slowly(sock, data):
     """Send one byte per segment, so the receiver never has a whole head buffered."""
     try:

@@ -16,7 +16,7 @@ import pytest
 import ragproxy
 from _ragproxy import reqlog as ragproxy_reqlog
 from _ragproxy.admin import _ADMIN_ROUTES, _b64url
-from conftest import ADMIN_KEY, API_KEY, AdminClient, logged_rows, proxy_config
+from conftest import ADMIN_KEY, API_KEY, AdminClient, logged_rows, multipart_body, proxy_config
 
 GUIDE = """# Runbook
 
@@ -468,16 +468,6 @@ def test_admin_api_is_off_without_a_secret_key(proxy):
 
 # -- uploads through the endpoint ------------------------------------------------
 
-def _multipart(files, boundary="----ragproxyTestBoundary7MA4YWxkTrZu0gW"):
-    """A multipart/form-data body as a browser's FormData sends it: [(filename, bytes)]."""
-    out = []
-    for name, data in files:
-        out.append(f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
-                   "Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
-    out.append(f"--{boundary}--\r\n".encode())
-    return b"".join(out), f"multipart/form-data; boundary={boundary}"
-
-
 def _zip(members):
     import io
     import zipfile
@@ -523,7 +513,7 @@ def test_upload_files_folder_and_archive_then_search(admin_proxy):
     admin.post("/admin/api/kbs", {"name": "ops"})
     archive = _zip([("guides/backup.md", "# Backups\n\nRestores are rehearsed every quarter by the storage team.\n"),
                     ("guides/logo.png", b"\x89PNG...")])
-    body, ctype = _multipart([("runbook.md", GUIDE.encode()), ("team/folder/notes.txt", b"The kettle is blue."),
+    body, ctype = multipart_body([("runbook.md", GUIDE.encode()), ("team/folder/notes.txt", b"The kettle is blue."),
                               ("bundle.zip", archive)])
     status, _, result = _upload(admin, "ops", body, ctype)
     assert status == 201, result
@@ -586,15 +576,15 @@ def test_hostile_uploads_are_refused_and_leave_nothing(admin_proxy, case):
     # Uploads write under documents/ only; the rest of the data dir is the indexer's, busy meanwhile.
     before = _tree(docs)
     if case in bodies:
-        body, ctype = _multipart(bodies[case])
+        body, ctype = multipart_body(bodies[case])
     elif case == "malformed_multipart":
         body, ctype = b"--XYZ\r\nContent-Type: text/plain\r\n\r\nno disposition\r\n--XYZ--\r\n", \
             "multipart/form-data; boundary=XYZ"
     elif case == "missing_final_boundary":
-        body, ctype = _multipart([good])
+        body, ctype = multipart_body([good])
         body = body[: body.rindex(b"\r\n--")]
     else:
-        body, ctype = _multipart([good])
+        body, ctype = multipart_body([good])
         ctype = "multipart/form-data"
     status, _, result = _upload(admin, "ops", body, ctype)
     assert status in (400, 413), (case, result)
@@ -607,10 +597,10 @@ def test_upload_caps_come_from_the_config(make_admin_proxy, fake):
     proxy = make_admin_proxy(proxy_config(fake.url, extra="uploads: {max_file_bytes: 1000, max_files: 2}\n"))
     admin = proxy.admin()
     admin.post("/admin/api/kbs", {"name": "ops"})
-    body, ctype = _multipart([("big.md", b"x" * 1001)])
+    body, ctype = multipart_body([("big.md", b"x" * 1001)])
     status, _, result = _upload(admin, "ops", body, ctype)
     assert status == 413 and result["error"]["code"] == "upload_rejected"
-    body, ctype = _multipart([("a.md", b"a"), ("b.md", b"b"), ("c.md", b"c")])
+    body, ctype = multipart_body([("a.md", b"a"), ("b.md", b"b"), ("c.md", b"c")])
     assert _upload(admin, "ops", body, ctype)[0] in (400, 413)
     assert not list((proxy.data_dir / "documents" / "ops").iterdir())
 
@@ -623,13 +613,13 @@ def test_a_file_over_the_kbs_max_file_bytes_is_refused_at_upload_not_stored_then
     proxy = _kb_proxy(make_admin_proxy, fake, "{retrieval: lexical, max_file_bytes: 2000}")
     admin = proxy.admin()
     big = b"# Big\n\n" + b"lorem ipsum " * 300   # 3.5 KiB: under uploads.max_file_bytes, over the KB's cap
-    status, _, result = _upload(admin, "ops", *_multipart([("big.md", big)]))
+    status, _, result = _upload(admin, "ops", *multipart_body([("big.md", big)]))
     assert status == 413 and result["error"]["code"] == "upload_rejected"
     assert result["error"]["message"] == ("'big.md' is 3.5 KiB, over the knowledge base's limit of 2.0 KiB per file "
                                           "(raise knowledge_bases.ops.max_file_bytes to index larger files)")
     assert admin.get("/admin/api/kbs/ops")[2]["upload_max_file_bytes"] == 2000
     # Beside other files, and inside an archive, it is skipped with that reason and the rest stored.
-    body, ctype = _multipart([("guides/big.md", big), ("runbook.md", GUIDE.encode()),
+    body, ctype = multipart_body([("guides/big.md", big), ("runbook.md", GUIDE.encode()),
                               ("more.zip", _zip([("huge.md", big), ("small.md", "# Small\n\nfits.\n")]))])
     status, _, result = _upload(admin, "ops", body, ctype)
     assert status == 201, result
@@ -647,24 +637,24 @@ def test_one_unsupported_file_no_longer_fails_a_folder_upload(admin_proxy):
     admin.post("/admin/api/kbs", {"name": "ops"})
     folder = [("site/index.md", GUIDE.encode()), ("site/img/logo.png", b"\x89PNG\r\n"), ("site/random.bin", b"\0\1"),
               ("site/notes.txt", b"The kettle is blue.")]
-    status, _, result = _upload(admin, "ops", *_multipart(folder))
+    status, _, result = _upload(admin, "ops", *multipart_body(folder))
     assert status == 201, result
     assert [s["name"] for s in result["stored"]] == ["site/index.md", "site/notes.txt"]
     assert result["skipped"] == [{"name": "site/img/logo.png", "reason": "file type '.png' is not accepted"},
                                  {"name": "site/random.bin", "reason": "file type '.bin' is not accepted"}]
     _wait_indexed(admin, "ops", 2)
     # The one file alone is still an error, in the admin API's error shape.
-    status, _, result = _upload(admin, "ops", *_multipart([("random.bin", b"\0")]))
+    status, _, result = _upload(admin, "ops", *multipart_body([("random.bin", b"\0")]))
     assert status == 400 and result["error"]["code"] == "upload_rejected"
     assert "'random.bin': file type '.bin' is not accepted" in result["error"]["message"]
-    status, _, result = _upload(admin, "ops", *_multipart([("a.png", b"x"), ("b.bin", b"y")]))
+    status, _, result = _upload(admin, "ops", *multipart_body([("a.png", b"x"), ("b.bin", b"y")]))
     assert status == 400 and "no accepted documents" in result["error"]["message"]
 
 
 def test_the_same_upload_twice_is_stored_once_and_an_edit_replaces_it(admin_proxy):
     admin = admin_proxy.admin()
     admin.post("/admin/api/kbs", {"name": "ops"})
-    body, ctype = _multipart([("guide.md", GUIDE.encode()), ("team/notes.txt", b"The kettle is blue.")])
+    body, ctype = multipart_body([("guide.md", GUIDE.encode()), ("team/notes.txt", b"The kettle is blue.")])
     status, _, first = _upload(admin, "ops", body, ctype)
     assert status == 201 and len(first["stored"]) == 2
     _wait_indexed(admin, "ops", 2)
@@ -676,7 +666,7 @@ def test_the_same_upload_twice_is_stored_once_and_an_edit_replaces_it(admin_prox
     assert sorted(f["name"] for f in files) == ["guide.md", "team/notes.txt"]
     # An edited guide.md replaces the stored one: same stored name, new text found, old text gone.
     edited = GUIDE.replace("every Tuesday at noon", "every Friday at dawn")
-    status, _, third = _upload(admin, "ops", *_multipart([("guide.md", edited.encode())]))
+    status, _, third = _upload(admin, "ops", *multipart_body([("guide.md", edited.encode())]))
     assert status == 201 and third["stored"][0]["replaced"] is True
     assert third["stored"][0]["stored_as"] == first["stored"][0]["stored_as"]
 
@@ -693,7 +683,7 @@ def test_kb_views_show_sources_warnings_and_skipped_files_by_their_uploaded_name
     missing = tmp_path / "does-not-exist"
     proxy = _kb_proxy(make_admin_proxy, fake, f"{{retrieval: lexical, sources: ['{missing}']}}")
     admin = proxy.admin()
-    body, ctype = _multipart([("manuals/broken.docx", b"not a zip at all"), ("runbook.md", GUIDE.encode())])
+    body, ctype = multipart_body([("manuals/broken.docx", b"not a zip at all"), ("runbook.md", GUIDE.encode())])
     assert _upload(admin, "ops", body, ctype)[0] == 201
     kb = _wait_indexed(admin, "ops", 1)
     listed = next(k for k in admin.get("/admin/api/kbs")[2]["kbs"] if k["name"] == "ops")
@@ -713,7 +703,7 @@ def test_kb_views_show_sources_warnings_and_skipped_files_by_their_uploaded_name
 def test_last_indexed_survives_a_restart(make_admin_proxy, fake, _running):
     first = _kb_proxy(make_admin_proxy, fake)
     admin = first.admin()
-    assert _upload(admin, "ops", *_multipart([("runbook.md", GUIDE.encode())]))[0] == 201
+    assert _upload(admin, "ops", *multipart_body([("runbook.md", GUIDE.encode())]))[0] == 201
     before = _wait_indexed(admin, "ops", 1)
     assert before["last_indexed"] is not None and before["generation"]
     first.app.knowledge_bases.stop()
@@ -748,7 +738,7 @@ def test_upload_without_a_token_is_refused_before_the_body_is_read(admin_proxy):
 
 def test_upload_to_a_missing_or_hostile_kb_name(admin_proxy):
     admin = admin_proxy.admin()
-    body, ctype = _multipart([("a.md", b"a")])
+    body, ctype = multipart_body([("a.md", b"a")])
     before = _tree(admin_proxy.data_dir)
     for kb in ("nope", "..", "%2E%2E", "a%2Fb"):
         status, _, result = _upload(admin, kb, body, ctype)

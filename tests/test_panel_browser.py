@@ -28,7 +28,7 @@ else:
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 import ragproxy  # noqa: E402
-from conftest import API_KEY, TLS_DIR, proxy_config  # noqa: E402
+from conftest import API_KEY, TLS_DIR, multipart_body, proxy_config  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -673,7 +673,7 @@ def test_kb_pages_show_missing_sources_skipped_files_and_last_indexed_after_a_re
         browser, sources_setup, _running):
     proxy, missing = sources_setup
     admin = proxy.admin()
-    body, ctype = _multipart_body([("manuals/broken.docx", b"not a zip at all"), ("runbook.md", GUIDE_MD)])
+    body, ctype = multipart_body([("manuals/broken.docx", b"not a zip at all"), ("runbook.md", GUIDE_MD)])
     status, _, result = admin.request("POST", "/admin/api/kbs/ops/upload", raw=body, headers={"Content-Type": ctype})
     assert status == 201, result
 
@@ -720,15 +720,6 @@ def test_kb_pages_show_missing_sources_skipped_files_and_last_indexed_after_a_re
         expect(summary).not_to_contain_text("never")
         expect(summary.get_by_test_id("kb-state")).to_contain_text("Ready")
         expect(panel.tid("kb-issues").get_by_test_id("kb-skipped-item")).to_contain_text("ops/manuals/broken.docx")
-
-
-def _multipart_body(files, boundary="----panelTestBoundary"):
-    out = []
-    for name, data in files:
-        out.append(f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
-                   "Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
-    out.append(f"--{boundary}--\r\n".encode())
-    return b"".join(out), f"multipart/form-data; boundary={boundary}"
 
 
 OPS_MD = "# Pager\n\nThe pager rotates every Tuesday at noon; payroll questions go to the duty manager.\n"
