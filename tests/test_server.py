@@ -405,13 +405,12 @@ def _expect_upload(proxy, token, body, ctype, length=None):
 
 
 def test_upload_with_expect_100_continue_is_held_to_the_upload_caps_not_max_body_bytes(make_admin_proxy, fake):
-    from conftest import proxy_config
-    from test_admin import _multipart
+    from conftest import multipart_body, proxy_config
     proxy = make_admin_proxy(proxy_config(fake.url, server="  max_body_bytes: 2048"))
     admin = proxy.admin()
     admin.post("/admin/api/kbs", {"name": "docs"})
     token = admin.token
-    body, ctype = _multipart([("big.md", b"# Notes\n\n" + b"The kettle is blue. " * 400)])
+    body, ctype = multipart_body([("big.md", b"# Notes\n\n" + b"The kettle is blue. " * 400)])
     assert len(body) > 2048   # over server.max_body_bytes, far under uploads.max_total_bytes
     sock, first = _expect_upload(proxy, token, body, ctype)
     assert first == b"HTTP/1.1 100 Continue\r\n\r\n"
