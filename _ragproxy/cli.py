@@ -455,18 +455,14 @@ def _cmd_search(args, kbs):
     return EXIT_OK
 
 
-def _utc(timestamp):
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp)) if timestamp else None
-
-
 def _kb_list_entry(kb):
     """One knowledge base as ``kb list --json`` shows it (the README lists the keys)."""
+    from .files import iso_utc
+
     stats = kb.stats()
     return {"name": stats["name"], "retrieval": stats["retrieval"], "files": stats["files"],
             "chunks": stats["chunks"], "bytes": stats["bytes"], "generation": stats["generation"],
-            "last_indexed": _utc(stats["last_indexed"]), "sources": stats["sources"],
+            "last_indexed": iso_utc(stats["last_indexed"]), "sources": stats["sources"],
             "warnings": stats["warnings"], "skipped": stats["skipped"], "deferred": stats["deferred"]}
 
 

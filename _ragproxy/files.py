@@ -1,4 +1,4 @@
-"""Small file-system helpers every layer shares: atomic writes, fsync, leftovers, sizes.
+"""Small file-system helpers every layer shares: atomic writes, fsync, leftovers, sizes and times.
 
 atomic_write is the one way ragproxy replaces a file: a temporary file in
 the same directory, fsynced, renamed over the target, then the directory
@@ -83,6 +83,13 @@ def remove_leftover_dirs(root, prefix, abandoned=lambda path: True):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed
+
+
+def iso_utc(timestamp):
+    """A unix time as ISO 8601 in UTC to the second (``2026-12-02T02:46:16Z``); None for none."""
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp)) if timestamp else None
 
 
 def human_size(n):

@@ -17,17 +17,17 @@ that names another is a tool error, as a knowledge base still being indexed
 or failing is.  What a tool returns goes through the global guardrails
 (``retriever.screening()``), as injected context goes through a model's.
 
-May import: api, embeddings, inject, metrics, npy.
+May import: api, embeddings, files, inject, metrics, npy.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 
 from .api import ClientError
 from .embeddings import Deadline, EmbeddingError, RerankError
+from .files import iso_utc
 from .inject import line_range
 from .metrics import MCP_TOOLS
 from .npy import StoreError
@@ -249,10 +249,6 @@ def _overlap(before, text, probe=16):
     return 0
 
 
-def _iso(timestamp):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp)) if timestamp else None
-
-
 
 # -- the tools ---------------------------------------------------------------
 
@@ -376,9 +372,9 @@ class KnowledgeTools:
                 prefix = label + "/"
                 sources.append({"name": label, "files": sum(1 for s in manifest if s == label or
                                                             s.startswith(prefix))})
-            when = kb.status.get("last_indexed") or (_mtime(generation.dir) if generation is not None else None)
+            when = generation.created if generation is not None else None   # its commit time, as stats() gives
             item = {"name": name, "retrieval": kb.spec.retrieval, "state": state, "files": len(manifest),
-                    "chunks": len(generation) if generation is not None else 0, "last_indexed": _iso(when),
+                    "chunks": len(generation) if generation is not None else 0, "last_indexed": iso_utc(when),
                     "sources": sources}
             if state != "ready":
                 item["note"] = self._unavailable(name, state)
@@ -595,10 +591,3 @@ def _result_block(item):
     about.append(f"score {item['score']:g}")
     text = item["text"] + ("\n[cut: read_source has the rest]" if item.get("truncated") else "")
     return f"[{item['rank']}] {where} ({', '.join(about)})\n{text}"
-
-
-def _mtime(path):
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None

@@ -31,7 +31,7 @@ import time
 
 from . import deps
 from .api import ClientError, json_response
-from .config import key_allows_kb, key_scope, valid_kb_name
+from .config import ModelRoute, key_allows_kb, key_scope, valid_kb_name
 from .embeddings import Deadline, EmbeddingError, RerankClient, RerankError, time_limit
 from .fusion import reciprocal_ranks
 from .guard import Guard
@@ -705,7 +705,7 @@ class Retriever:
         top_k = top_k or rag["top_k"]
         rerank = bool(route and route.rerank) and self._reranker() is not None
         pool = max(top_k, rag["rerank_top_k"]) if rerank else top_k
-        merge = route.kb_merge if route else "concat"   # no route (an MCP search): the default
+        merge = route.kb_merge if route else ModelRoute.kb_merge   # no route (an MCP search): the default
         lists = []
         for name in names:
             if deadline is not None and deadline.remaining() <= 0:
