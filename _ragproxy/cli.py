@@ -414,7 +414,7 @@ def _cmd_index(args, kbs):
         for source, reason in report.deferred:
             print(f"  deferred {source}: {reason}")
         # The indexer has logged each source problem as it found it; what is left is the verdict.
-        if kb.readable_source_count() == 0:
+        if kb.readable_source_count(report.sources) == 0:   # the run's own walk, not a second one
             _log().error("%s: no readable source, nothing was indexed (kb list shows each source's state)",
                          kb.spec.name)
             status = max(status, EXIT_NO_SOURCE)

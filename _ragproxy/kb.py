@@ -112,6 +112,7 @@ class IndexReport:
     seconds: float = 0.0
     committed: bool = False
     redactions: dict = dataclasses.field(default_factory=dict)  # category -> n, redacted at index time
+    sources: list = dataclasses.field(default_factory=list)  # each root's state as the run found it (source_status)
 
     def summary(self):
         redacted = sum(self.redactions.values())
@@ -218,6 +219,7 @@ class KnowledgeBase:
             full = True
         old_manifest = old.manifest if old is not None and not full else {}
         files, sources = self._scan()
+        report.sources = sources
         self._note_sources(sources)
         # A file skipped for a reason only a change to it can lift is not read
         # again while its size and mtime stay (a full run retries them all).
