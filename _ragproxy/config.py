@@ -17,6 +17,7 @@ import dataclasses
 import fnmatch
 import json
 import logging
+import math
 import os
 import re
 import urllib.parse
@@ -167,6 +168,8 @@ _KB_SCHEMA = {
     "fusion": _Field("str", "zscore", choices=("zscore", "rrf")),
     "max_file_bytes": _Field("int", DEFAULT_MAX_BYTES, minimum=1),
     "compact": _Field("str", "", choices=("", "int8", "float16", "binary")),
+    # "": the global vectorstore.type; one proxy can keep small KBs built in and a large one in Chroma.
+    "vectorstore": _Field("str", "", choices=("", "simple", "chroma", "chroma_http")),
 }
 
 _SCHEMA = {
@@ -211,12 +214,17 @@ _SCHEMA = {
     "guardrails": _GUARDRAILS_SCHEMA,
     "vectorstore": {
         "type": _Field("str", "simple", choices=("simple", "chroma", "chroma_http")),
-        # Accepted and checked now; the Chroma store itself is not in this version (see _check_vectorstore).
+        # A running Chroma server (HTTP API v2); ragproxy never starts one.
         "chroma_http": {
             "base_url": _Field("url", ""),
             "tenant": _Field("str", "default_tenant"),
             "database": _Field("str", "default_database"),
             "collection_prefix": _Field("str", "ragproxy_"),
+            # Which process writes a shared collection: auto takes a lease in Chroma; always / never pin it.
+            "indexer": _Field("str", "auto", choices=("auto", "always", "never")),
+            "timeout": _Field("number", 10.0),        # > 0: seconds for a connect and for each read
+            "sync_interval": _Field("number", 1.0),   # > 0: seconds between a replica's looks for a new commit
+            "token": _Field("str", ""),               # sent as X-Chroma-Token; a secret, never shown
         },
     },
     "security": {
@@ -689,20 +697,35 @@ class Config:
             return {"requested": True, "active": False, "provider": None, "reason": _NO_RERANKER}
         return {"requested": True, "active": True, "provider": next(iter(providers)), "reason": None}
 
-    def vectorstore_status(self):
-        """``{"configured", "active", "reason"}``: the store the config asks for and the one in use."""
-        configured = self.raw["vectorstore"]["type"]
-        if configured == "chroma_http":
-            return {"configured": configured, "active": "simple", "reason": _NO_CHROMA}
-        return {"configured": configured, "active": configured, "reason": None}
+    def vectorstore_type(self, kb=None):
+        """The store knowledge base ``kb`` uses ("simple" or "chroma_http"); None: the global type."""
+        settings = self.knowledge_bases.get(kb) if kb is not None else None
+        return (settings or {}).get("vectorstore") or self.raw["vectorstore"]["type"]
+
+    def vectorstore_status(self, kb=None):
+        """What the config asks of the store (of KB ``kb``, or the global one): ``{"configured",
+        "active", "reason", "set_by"}``, and for chroma_http ``"chroma_http"``: the server's
+        settings, its base_url's credentials masked, never the token (``has_token`` says if there is one).
+        "active" is what the config makes the KB use: the same as "configured" (kept for the admin
+        API's readers); whether the server answers is the KB's store_status(), not the config's."""
+        kind = self.vectorstore_type(kb)
+        own = kb is not None and bool((self.knowledge_bases.get(kb) or {}).get("vectorstore"))
+        status = {"configured": kind, "active": kind, "reason": None,
+                  "set_by": f"knowledge_bases.{kb}.vectorstore" if own else "vectorstore.type"}
+        if kind == "chroma_http":
+            chroma = self.raw["vectorstore"]["chroma_http"]
+            status["chroma_http"] = {
+                "base_url": loggable_url(chroma["base_url"]), "tenant": chroma["tenant"],
+                "database": chroma["database"], "collection_prefix": chroma["collection_prefix"],
+                "indexer": chroma["indexer"], "timeout": chroma["timeout"], "sync_interval": chroma["sync_interval"],
+                "has_token": bool(chroma["token"])}
+        return status
 
 
 _EMPTY_FILE = ("the file is empty (or holds only comments): nothing to apply.  If an editor truncated it, "
                "restore it (an admin API save keeps the previous one as config.yaml.bak); to start over, "
                "delete it and ragproxy writes a commented default config")
 _NO_RERANKER = "no rerank provider configured (providers.rerank is empty)"
-_NO_CHROMA = ("the Chroma store is not available in this version: the built-in store (DATA_DIR/vectordb/) "
-              "is used and nothing is sent to Chroma")
 
 
 def parse_config_text(text, source):
@@ -766,11 +789,15 @@ def _check_api_prefix(kind, spec, path, positions, errors):
                    + (" or, for an OpenAI-compatible endpoint, use type: openai" if kind == "llm" else "")))
 
 
-def _check_vectorstore(store, positions, errors, warnings):
+_REFUSED_CHROMA = "type chroma (an in-process Chroma) is not supported: for a Chroma server use chroma_http"
+
+
+def _check_vectorstore(raw, positions, errors):
+    """The global vectorstore block and each KB's ``vectorstore``: a KB that ends up on
+    chroma_http needs the server's address, named at the line that asked for Chroma."""
+    store = raw["vectorstore"]
     if store["type"] == "chroma":
-        errors.append(("vectorstore.type", _line_of(positions, ("vectorstore", "type")),
-                       "only the built-in 'simple' store is available in this version "
-                       "(a Chroma server will be type chroma_http)"))
+        errors.append(("vectorstore.type", _line_of(positions, ("vectorstore", "type")), _REFUSED_CHROMA))
     chroma = store["chroma_http"]
     for key in ("tenant", "database"):
         if not chroma[key]:
@@ -782,14 +809,32 @@ def _check_vectorstore(store, positions, errors, warnings):
                        _line_of(positions, ("vectorstore", "chroma_http", "collection_prefix")),
                        "a Chroma collection name prefix uses letters, digits, '_', '-' and '.' (32 at most, "
                        f"starting with a letter or digit), got {prefix!r}"))
-    if store["type"] != "chroma_http":
-        return
-    if not chroma["base_url"] and ("vectorstore", "chroma_http", "base_url") not in positions:
-        errors.append(("vectorstore.chroma_http.base_url", _line_of(positions, ("vectorstore", "chroma_http")),
-                       "type chroma_http needs base_url, the Chroma server's address (http://chroma:8000)"))
-    elif chroma["base_url"]:
-        warnings.append(("vectorstore.type", _line_of(positions, ("vectorstore", "type")),
-                         f"type chroma_http: {_NO_CHROMA} ({chroma['base_url']})"))
+    for key in ("timeout", "sync_interval"):
+        value = chroma[key]
+        if isinstance(value, float) and not (value > 0 and math.isfinite(value)):
+            where = ("vectorstore", "chroma_http", key)
+            errors.append((format_path(where), _line_of(positions, where),
+                           f"expected a number of seconds greater than 0, got {value!r}"))
+    # Where the address is asked for: the global type, or the first KB that chose chroma_http itself.
+    asked = [("vectorstore", "type")] if store["type"] == "chroma_http" else []
+    for name, kb in raw["knowledge_bases"].items():
+        choice = kb.get("vectorstore") if isinstance(kb, dict) else None
+        where = ("knowledge_bases", name, "vectorstore")
+        if choice == "chroma":
+            errors.append((format_path(where), _line_of(positions, where), _REFUSED_CHROMA))
+        elif choice == "chroma_http":
+            asked.append(where)
+    if asked and not chroma["base_url"] and ("vectorstore", "chroma_http", "base_url") not in positions:
+        # (A base_url that was written but refused has its own error already.)
+        where = asked[0]
+        if where[0] == "vectorstore":   # the key to add, where it goes (or the type that needs it)
+            errors.append(("vectorstore.chroma_http.base_url",
+                           _line_of(positions, ("vectorstore", "chroma_http")) or _line_of(positions, where),
+                           "type chroma_http needs base_url, the Chroma server's address (http://chroma:8000)"))
+        else:
+            errors.append((format_path(where), _line_of(positions, where),
+                           "vectorstore chroma_http needs vectorstore.chroma_http.base_url, the Chroma server's "
+                           "address (http://chroma:8000)"))
 
 
 def _check_semantics(raw, positions, errors, warnings):
@@ -848,7 +893,7 @@ def _check_semantics(raw, positions, errors, warnings):
                            + (f" (have: {', '.join(raw['providers']['embedding'])})"
                               if raw["providers"]["embedding"] else "")))
     _check_guardrails(raw["guardrails"], ("guardrails",), positions, errors)
-    _check_vectorstore(raw["vectorstore"], positions, errors, warnings)
+    _check_vectorstore(raw, positions, errors)
     if not _is_loopback(raw["server"]["host"]) and not (
             raw["api_key_auth"] and raw["api_keys"]):
         errors.append(("server.host", _line_of(positions, ("server", "host")),

@@ -92,7 +92,15 @@ rag:
   index_interval: 30       # seconds between checks of the sources for changes
 
 vectorstore:
-  type: simple             # the built-in store; chroma_http (a Chroma server) is not available yet
+  type: simple             # simple: the built-in store (DATA_DIR/vectordb/); chroma_http: a running Chroma
+                           # server, for large or shared KBs (a KB's own vectorstore: key picks per KB)
+  # chroma_http:
+  #   base_url: "http://chroma:8000"   # ragproxy talks to it (HTTP API v2); it never starts one
+  #   tenant: "default_tenant"
+  #   database: "default_database"
+  #   collection_prefix: "ragproxy_"
+  #   indexer: auto                    # auto: one process holds a lease in Chroma and indexes | always | never
+  #   token: ${CHROMA_TOKEN}           # sent as X-Chroma-Token, if the server wants one
 
 security:
   log_query: false

@@ -308,17 +308,75 @@ vectorstore:
 """
 
 
-def test_the_chroma_http_vectorstore_block_is_accepted_but_says_the_store_is_not_there_yet():
+def test_the_chroma_http_block_from_the_issue_loads_as_written_with_no_warning():
     config = ragproxy.Config.from_text(MINIMAL + CHROMA_HTTP, environ={})
     assert config.raw["vectorstore"] == {"type": "chroma_http", "chroma_http": {
         "base_url": "http://chroma:8000", "tenant": "default_tenant", "database": "default_database",
-        "collection_prefix": "ragproxy_"}}
-    [(path, line, message)] = config.warnings
-    assert (path, line) == ("vectorstore.type", 10) and "not available in this version" in message
-    assert "built-in store" in message and "http://chroma:8000" in message
-    assert config.vectorstore_status() == {"configured": "chroma_http", "active": "simple",
-                                           "reason": config.vectorstore_status()["reason"]}
-    assert ragproxy.Config.from_text(MINIMAL, environ={}).vectorstore_status()["active"] == "simple"
+        "collection_prefix": "ragproxy_", "indexer": "auto", "timeout": 10.0, "sync_interval": 1.0, "token": ""}}
+    assert config.warnings == ()
+    assert config.vectorstore_status() == {
+        "configured": "chroma_http", "active": "chroma_http", "reason": None, "set_by": "vectorstore.type",
+        "chroma_http": {"base_url": "http://chroma:8000", "tenant": "default_tenant", "database": "default_database",
+                        "collection_prefix": "ragproxy_", "indexer": "auto", "timeout": 10.0, "sync_interval": 1.0,
+                        "has_token": False}}
+    assert ragproxy.Config.from_text(MINIMAL, environ={}).vectorstore_status() == {
+        "configured": "simple", "active": "simple", "reason": None, "set_by": "vectorstore.type"}
+
+
+PER_KB = """
+knowledge_bases:
+  small: {}
+  big: {vectorstore: chroma_http}
+  pinned: {vectorstore: simple}
+"""
+
+
+def test_each_knowledge_base_may_choose_its_store():
+    server = CHROMA_HTTP.replace('type: "chroma_http"', "type: simple")
+    config = ragproxy.Config.from_text(MINIMAL + server + PER_KB, environ={})
+    assert [config.vectorstore_type(kb) for kb in ("small", "big", "pinned")] == ["simple", "chroma_http", "simple"]
+    assert config.vectorstore_status("big")["set_by"] == "knowledge_bases.big.vectorstore"
+    assert config.vectorstore_status("big")["configured"] == "chroma_http"
+    assert "chroma_http" not in config.vectorstore_status("small")
+    assert config.vectorstore_status("small")["set_by"] == "vectorstore.type"
+    # The global type is what a KB without its own choice follows; an explicit simple stays built in.
+    on_chroma = ragproxy.Config.from_text(MINIMAL + CHROMA_HTTP + PER_KB, environ={})
+    assert [on_chroma.vectorstore_type(kb) for kb in ("small", "big", "pinned")] == [
+        "chroma_http", "chroma_http", "simple"]
+    assert on_chroma.knowledge_bases["small"]["vectorstore"] == ""
+    assert ragproxy.Config.from_text(MINIMAL, environ={}).vectorstore_type("undeclared") == "simple"
+
+
+def test_a_knowledge_base_on_chroma_needs_the_servers_address_at_its_own_line():
+    errs = errors_of(MINIMAL + PER_KB, environ={})
+    assert errs == [("knowledge_bases.big.vectorstore", 11,
+                     "vectorstore chroma_http needs vectorstore.chroma_http.base_url, the Chroma server's address "
+                     "(http://chroma:8000)")]
+    errs = errors_of(MINIMAL + PER_KB.replace("{}", "{vectorstore: chroma}"), environ={})
+    assert [(path, line) for path, line, _ in errs] == [("knowledge_bases.small.vectorstore", 10),
+                                                         ("knowledge_bases.big.vectorstore", 11)]
+    assert "use chroma_http" in errs[0][2]
+    [(path, line, message)] = errors_of(MINIMAL + PER_KB.replace("chroma_http", "qdrant"), environ={})
+    assert (path, line) == ("knowledge_bases.big.vectorstore", 11) and "expected one of" in message
+
+
+def test_the_chroma_token_is_taken_from_the_environment_and_never_shown():
+    text = MINIMAL + CHROMA_HTTP + "    token: ${CHROMA_TOKEN}\n"
+    config = ragproxy.Config.from_text(text, environ={"CHROMA_TOKEN": "ck-very-secret-token"})
+    assert config.raw["vectorstore"]["chroma_http"]["token"] == "ck-very-secret-token"
+    status = config.vectorstore_status()
+    assert status["chroma_http"]["has_token"] is True and "ck-very-secret-token" not in json.dumps(status)
+    # An error about the block names the key, not the token's value.
+    errs = errors_of(text.replace("ragproxy_", "rag/proxy"), environ={"CHROMA_TOKEN": "ck-very-secret-token"})
+    assert errs and "ck-very-secret-token" not in json.dumps(errs)
+    [(path, line, message)] = errors_of(text.replace("${CHROMA_TOKEN}", "[ck-very-secret-token]"), environ={})
+    assert path == "vectorstore.chroma_http.token" and "ck-very-secret-token" not in message
+
+
+def test_credentials_in_the_chroma_base_url_are_masked_in_the_status():
+    config = ragproxy.Config.from_text(MINIMAL + CHROMA_HTTP.replace("http://chroma", "http://me:pw@chroma"),
+                                       environ={})
+    assert config.vectorstore_status()["chroma_http"]["base_url"] == "http://***@chroma:8000"
 
 
 @pytest.mark.parametrize("change, path, fragment", [
@@ -329,7 +387,17 @@ def test_the_chroma_http_vectorstore_block_is_accepted_but_says_the_store_is_not
     (('database: "default_database"', 'database: {a: 1}'), "vectorstore.chroma_http.database", "expected a string"),
     (('"ragproxy_"', '"rag/proxy"'), "vectorstore.chroma_http.collection_prefix", "letters, digits"),
     (('tenant:', 'tennant:'), "vectorstore.chroma_http.tennant", "did you mean 'tenant'"),
-    (('type: "chroma_http"', 'type: chroma'), "vectorstore.type", "only the built-in"),
+    (('type: "chroma_http"', 'type: chroma'), "vectorstore.type", "not supported: for a Chroma server use chroma_http"),
+    (('"ragproxy_"', '"ragproxy_"\n    indexer: sometimes'), "vectorstore.chroma_http.indexer",
+     "expected one of auto, always, never, got 'sometimes'"),
+    (('"ragproxy_"', '"ragproxy_"\n    indexer: true'), "vectorstore.chroma_http.indexer", "expected a string"),
+    (('"ragproxy_"', '"ragproxy_"\n    timeout: 0'), "vectorstore.chroma_http.timeout", "greater than 0, got 0.0"),
+    (('"ragproxy_"', '"ragproxy_"\n    timeout: -2'), "vectorstore.chroma_http.timeout", "greater than 0"),
+    (('"ragproxy_"', '"ragproxy_"\n    timeout: soon'), "vectorstore.chroma_http.timeout", "expected a number"),
+    (('"ragproxy_"', '"ragproxy_"\n    sync_interval: 0'), "vectorstore.chroma_http.sync_interval",
+     "greater than 0"),
+    (('"ragproxy_"', '"ragproxy_"\n    sync_interval: .nan'), "vectorstore.chroma_http.sync_interval",
+     "greater than 0"),
     (('type: "chroma_http"', 'type: qdrant'), "vectorstore.type", "expected one of simple, chroma, chroma_http"),
 ])
 def test_the_vectorstore_block_is_checked(change, path, fragment):
