@@ -220,6 +220,11 @@ _METRIC_FAMILIES = (
      ("category", "at")),
     ("counter", "ragproxy_context_chunks_cut_total",
      "Retrieved chunks left out so that the enriched request fits the model's max_input_tokens.", ()),
+    ("gauge", "ragproxy_vectorstore_up",
+     "Whether the knowledge base's vector store answered its last call (1) or not (0); absent until known.",
+     ("kb",)),
+    ("gauge", "ragproxy_vectorstore_vectors", "Vectors in the knowledge base's vector store collection.", ("kb",)),
+    ("counter", "ragproxy_vectorstore_errors_total", "Failed calls to the knowledge base's vector store.", ("kb",)),
 )
 #: The closed label sets of the MCP families: the MCP server's tools, and what a call came to
 #: ("denied": it named a knowledge base the caller's key may not read).
@@ -230,6 +235,24 @@ MCP_OUTCOMES = ("ok", "error", "denied")
 GUARD_ACTIONS = ("drop", "deny", "flag")
 GUARD_WHERE = ("retrieved", "input")
 _FAMILY_CLASSES = {"counter": _PromCounter, "gauge": _PromGauge, "histogram": _PromHistogram}
+
+
+def store_samples(kb, status):
+    """Collector samples for knowledge base ``kb``'s vector store from its store_status() dict.
+
+    The built-in store, or one not called yet (``reachable`` None), reports no
+    ``up`` sample: an absent series is "unknown", where a 0 would page someone.
+    """
+    if not isinstance(status, dict):
+        return []
+    out = []
+    if status.get("reachable") is not None:
+        out.append(("ragproxy_vectorstore_up", {"kb": kb}, 1 if status["reachable"] else 0))
+    if status.get("vectors") is not None:
+        out.append(("ragproxy_vectorstore_vectors", {"kb": kb}, status["vectors"]))
+    if status.get("errors") is not None:
+        out.append(("ragproxy_vectorstore_errors_total", {"kb": kb}, status["errors"]))
+    return out
 
 
 class Metrics:

@@ -184,3 +184,34 @@ def test_guardrail_families_count_findings_drops_denials_redactions_and_cuts():
                                               (("at", "inject"), ("category", "other")): 1,
                                               (("at", "index"), ("category", "cloud_token")): 4}
     assert samples("ragproxy_context_chunks_cut") == {(): 2}
+
+
+def test_the_vector_store_gauges_say_up_down_and_nothing_while_unknown():
+    from prometheus_client import parser  # requirements-test.txt: never skipped
+    from _ragproxy.metrics import store_samples
+    statuses = {
+        "big": {"type": "chroma_http", "collection": "ragproxy_big", "reachable": True, "error": None,
+                "role": "indexer", "vectors": 1200, "checked_at": 5.0},
+        "shared": {"type": "chroma_http", "collection": "ragproxy_shared", "reachable": False,
+                   "error": "the Chroma server does not answer", "role": "replica", "vectors": None,
+                   "checked_at": 6.0, "errors": 3},
+        "fresh": {"type": "chroma_http", "collection": "ragproxy_fresh", "reachable": None, "error": None,
+                  "role": None, "vectors": None, "checked_at": None},
+        "small": {"type": "simple", "collection": None, "reachable": None, "error": None, "role": None,
+                  "vectors": 40, "checked_at": None},
+    }
+    m = Metrics()
+    m.add_collector(lambda: [s for kb, status in statuses.items() for s in store_samples(kb, status)])
+    families = {f.name: f for f in parser.text_string_to_metric_families(m.render())}
+    assert families["ragproxy_vectorstore_up"].type == "gauge"
+    assert {s.labels["kb"]: s.value for s in families["ragproxy_vectorstore_up"].samples} == {"big": 1, "shared": 0}
+    assert {s.labels["kb"]: s.value for s in families["ragproxy_vectorstore_vectors"].samples} == {
+        "big": 1200, "small": 40}
+    errors = families["ragproxy_vectorstore_errors"]
+    assert errors.type == "counter"
+    assert {s.labels["kb"]: s.value for s in errors.samples if s.name.endswith("_total")} == {"shared": 3}
+    statuses["shared"] = dict(statuses["shared"], reachable=True, errors=4)   # back up; the count stays
+    text = m.render()
+    assert 'ragproxy_vectorstore_up{kb="shared"} 1\n' in text
+    assert 'ragproxy_vectorstore_errors_total{kb="shared"} 4\n' in text
+    assert store_samples("x", None) == []
