@@ -7,6 +7,8 @@
     python bench/perf.py --only lexical --max-files 20 --queries 10          # a quick smoke run
     python bench/perf.py --json                           # the tables, then one JSON line
     python bench/perf.py --ragproxy /tmp/patched/ragproxy.py                 # measure a changed copy
+    python bench/perf.py --only chroma                    # built-in store vs Chroma, 100k (needs `chroma`)
+    python bench/perf.py --only chroma --chroma-1m --scifact ../shared/eval/scifact --start-embed-server
 
 Each comparison runs every side in this one invocation, on the same data, and
 prints absolute figures and ratios to ragproxy (ratio > 1: the other side is
@@ -35,6 +37,22 @@ dense    Unit vectors (384 dims, clustered like sentence embeddings, fixed
          query by query (--back-to-back: each side's queries in a row, warm
          caches and thread pools).  BLAS threads: compare a run under
          OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1.
+chroma   (asked for by name: --only chroma)  The same vectors in the
+         built-in store and on a Chroma server, side by side: synthetic unit
+         vectors as in dense (100k; --chroma-1m adds 1M) written as the
+         indexer writes a generation and upserted through ragproxy's own HTTP
+         client (_ragproxy/chroma.py) in batches of the server's
+         max_batch_size; vectors/s; dense top-10 p50/p99 and recall@10 (the
+         sides taking turns); the RSS of a fresh process that opens each side
+         and answers queries, and the Chroma server's RSS and peak.  A
+         `chroma run` is started per size on a free loopback port
+         (--chroma-bin, $RAGPROXY_CHROMA_BIN, beside this Python, PATH), or
+         --chroma-url names a running one (its memory is then not read).
+         --scifact DIR adds SciFact test in two KBs with the same settings,
+         one built-in and one chroma_http, imported with `ragproxy import`
+         and searched with KnowledgeBase.search: nDCG@10 per mode (lexical;
+         dense and hybrid with --embed-url or --start-embed-server), whether
+         both agree to three decimals, search(10) p50/p99, ingest seconds.
 (Start-up time has its own bench: bench/startup.py.)
 
 Optional libraries (bench/requirements.txt): bm25s, PyStemmer, rank_bm25,
@@ -45,6 +63,7 @@ skipped.  Linux gives memory figures (/proc); elsewhere they are left out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import importlib.util
@@ -63,7 +82,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RAGPROXY = os.path.join(ROOT, "ragproxy.py")
-PARTS = ("lexical", "dense")
+PARTS = ("lexical", "dense", "chroma")
+DEFAULT_PARTS = ("lexical", "dense")   # chroma needs a Chroma server: asked for by name
 DIM = 384
 TOP = 10
 
@@ -657,11 +677,411 @@ def _blas_info():
 
 
 # --------------------------------------------------------------------------
+# Chroma: the same vectors in the built-in store and on a Chroma server
+
+
+def find_chroma_bin(explicit=""):
+    """`chroma` from --chroma-bin, $RAGPROXY_CHROMA_BIN, beside this interpreter, or PATH (None if none)."""
+    for candidate in (explicit, os.environ.get("RAGPROXY_CHROMA_BIN", ""),
+                      os.path.join(os.path.dirname(sys.executable), "chroma"), shutil.which("chroma") or ""):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pid_kb(pid, field):
+    """VmRSS / VmHWM of process ``pid`` in KiB (None off Linux or when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class ChromaServer:
+    """A `chroma run` this bench started on a free loopback port, or a server it was given (--chroma-url).
+
+    Memory is read from /proc only for a server started here (its pid is known).
+    """
+
+    def __init__(self, url, proc=None, path=None):
+        self.url, self.proc, self.path = url, proc, path
+
+    @classmethod
+    def start(cls, binary, timeout=120.0):
+        import urllib.request
+        path = tempfile.mkdtemp(prefix="ragproxy-perf-chroma-")
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        with open(os.path.join(path, "server.log"), "wb") as log:
+            proc = subprocess.Popen([binary, "run", "--path", os.path.join(path, "data"), "--host", "127.0.0.1",
+                                     "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                with open(os.path.join(path, "server.log"), encoding="utf-8", errors="replace") as f:
+                    tail = f.read()[-2000:]
+                shutil.rmtree(path, ignore_errors=True)
+                raise SystemExit(f"perf: `{binary} run` exited with {proc.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(url + "/api/v2/heartbeat", timeout=2) as resp:
+                    resp.read()
+                return cls(url, proc, path)
+            except OSError:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    shutil.rmtree(path, ignore_errors=True)
+                    raise SystemExit(f"perf: the Chroma server did not answer within {timeout:.0f} s")
+                time.sleep(0.2)
+
+    def memory(self):
+        """{"rss_mib", "peak_mib"} of the server process (None each when unknown)."""
+        if self.proc is None:
+            return {"rss_mib": None, "peak_mib": None}
+        return {"rss_mib": _mib(_pid_kb(self.proc.pid, "VmRSS")), "peak_mib": _mib(_pid_kb(self.proc.pid, "VmHWM"))}
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        if self.path:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
+
+
+def _chroma_module(rp):
+    """ragproxy's Chroma HTTP client (_ragproxy/chroma.py beside the ragproxy.py being measured)."""
+    del rp  # load_ragproxy put its tree first on sys.path
+    return importlib.import_module("_ragproxy.chroma")
+
+
+def _serve_worker(data, ragproxy_path):
+    """A fresh process that opens one side's store and answers the queries: the memory a proxy needs for it."""
+    rp = load_ragproxy(ragproxy_path)
+    gc.collect()
+    base = _proc_kb("VmRSS")
+    queries = data["queries"]
+    if data["side"] == "builtin":
+        gen = rp.KBStore(data["store"]).current()
+
+        def search(q):
+            return [r for r, _ in gen.dense_search(q, TOP)]
+    else:
+        client = _chroma_module(rp).ChromaClient(data["url"], timeout=600)
+
+        def search(q):
+            return client.query(data["collection"], q, TOP)
+    for q in queries:
+        search(q)
+    rss = _proc_kb("VmRSS")
+    return {"rss_mib": _mib(rss), "growth_mib": _mib(rss - base) if rss is not None and base is not None else None}
+
+
+def _chroma_dense_size(args, rp, np, server, n, tmp):
+    """Index ``n`` synthetic vectors into both stores, time dense top-10 on each, read their memory."""
+    chroma = _chroma_module(rp)
+    client = chroma.ChromaClient(server.url, timeout=600)
+    try:
+        t0 = time.perf_counter()
+        mat = make_vectors(np, n)
+        count = args.chroma_queries if n < 1000000 else max(10, args.chroma_queries // 2)
+        queries = make_dense_queries(np, mat, count)
+        exact = [np.argsort(-(mat @ q), kind="stable")[:TOP] for q in queries]
+        gen_s = time.perf_counter() - t0
+        ids = [str(i) for i in range(n)]
+
+        # Built-in: a generation written as the indexer writes one (chunk records, then float32 vectors).
+        gc.collect()
+        t0 = time.perf_counter()
+        store = _build_store(rp, os.path.join(tmp, f"builtin-{n}"), mat, None)
+        builtin_s = time.perf_counter() - t0
+
+        # Chroma: the same records upserted in batches of the server's max_batch_size.
+        name = f"ragproxy_perf_{n}_{os.getpid()}"
+        if client.get_collection(name):
+            client.delete_collection(name)
+        col = client.create_collection(name, metadata={"ragproxy_bench": "perf.py"}, get_or_create=False,
+                                       space="cosine")
+        cid = col["id"]
+        server_before = server.memory()
+        batch = client.max_batch_size()
+        t0 = time.perf_counter()
+        for start in range(0, n, batch):
+            stop = min(n, start + batch)
+            client.upsert(cid, ids[start:stop], mat[start:stop].tolist(), documents=[""] * (stop - start),
+                          metadatas=[{"source": "bench"}] * (stop - start))
+        upsert_s = time.perf_counter() - t0
+        # The first query waits for whatever the server still applies after acknowledging the writes.
+        client.query(cid, queries[0].tolist(), TOP)
+        ready_s = time.perf_counter() - t0
+        stored = client.count(cid)
+        server_indexed = server.memory()
+
+        gen = store.current()
+        plan = [
+            ("built-in: Generation.dense_search (float32 memmap, exact)",
+             lambda q: [r for r, _ in gen.dense_search(q, TOP)], True),
+            ("chroma: ChromaClient.query (HNSW, cosine)",
+             lambda q: [int(i) for i, _ in client.query(cid, q.tolist(), TOP)], True),
+        ]
+        timings = _interleaved(plan, list(queries), args.idle_ms / 1000.0, interleave=not args.back_to_back)
+        server_queried = server.memory()
+        sides = []
+        for (label, _, _), (lat, res) in zip(plan, timings):
+            rec = round(sum(len(set(map(int, r)) & set(map(int, e))) for r, e in zip(res, exact))
+                        / float(TOP * len(res)), 4)
+            sides.append({"side": label, "p50_ms": _ms(_pct(lat, 50)), "p99_ms": _ms(_pct(lat, 99)), "recall@10": rec})
+        gen.close()
+        mat = exact = None
+        gc.collect()
+
+        # Memory of a process serving each side, each in a fresh process of its own.
+        path = os.path.join(tmp, f"serve-{n}.json")
+        serve = {}
+        for side in ("builtin", "chroma"):
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump({"side": side, "store": store.root, "url": server.url, "collection": cid,
+                           "queries": queries[:min(len(queries), 50)].tolist()}, f)
+            serve[side] = _run_worker("chroma-serve", args, path)
+        vectors_mib = round(n * DIM * 4 / 2 ** 20, 1)
+        store_mib = round(sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(store.root) for f in fs)
+                          / 2 ** 20, 1)
+        client.delete_collection(name)
+        shutil.rmtree(store.root, ignore_errors=True)
+        return {
+            "n": n, "dim": DIM, "queries": len(queries), "data_s": round(gen_s, 1), "float32_mib": vectors_mib,
+            "builtin": {"index_s": round(builtin_s, 2), "vectors_per_s": round(n / builtin_s),
+                        "disk_mib": store_mib, "serve": serve["builtin"]},
+            "chroma": {"upsert_s": round(upsert_s, 2), "ready_s": round(ready_s, 2),
+                       "vectors_per_s": round(n / ready_s), "batch": batch, "count": stored,
+                       "server_before": server_before, "server_indexed": server_indexed,
+                       "server_queried": server_queried, "serve": serve["chroma"]},
+            "sides": sides,
+        }
+    finally:
+        client.close()
+
+
+def run_chroma(args, rp, report):
+    try:
+        import numpy as np
+    except ImportError:
+        print("\n== chroma: numpy not installed; skipped")
+        return
+    binary = None
+    if not args.chroma_url:
+        binary = find_chroma_bin(args.chroma_bin)
+        if binary is None:
+            raise SystemExit("perf: --only chroma needs a Chroma server: --chroma-url URL, or a `chroma` command "
+                             "(--chroma-bin, $RAGPROXY_CHROMA_BIN, beside this Python, or on PATH; "
+                             "pip install chromadb)")
+    summary = {"sizes": {}, "server": args.chroma_url or f"started here: {binary} run"}
+    tmp = tempfile.mkdtemp(prefix="ragproxy-perf-chroma-sides-")
+    try:
+        for n in args.chroma_sizes:
+            # A fresh server per size (when this bench runs it), so its memory is that size's alone.
+            server = ChromaServer(args.chroma_url) if args.chroma_url else ChromaServer.start(binary)
+            try:
+                client = _chroma_module(rp).ChromaClient(server.url)
+                info = client.check()
+                client.close()
+                summary["chroma_version"] = info.get("version")
+                if n == args.chroma_sizes[0]:
+                    print(f"\n== chroma: the same {DIM}-dim synthetic unit vectors (clustered, fixed seed) in the "
+                          f"built-in store and on Chroma {info.get('version')} ({summary['server']}); "
+                          f"top-{TOP}, single queries, the sides taking turns"
+                          f"{' (back to back)' if args.back_to_back else ''}")
+                print(f"   N = {n:,} ...", file=sys.stderr, flush=True)
+                res = _chroma_dense_size(args, rp, np, server, n, tmp)
+            finally:
+                if not args.chroma_url:
+                    server.stop()
+            summary["sizes"][str(n)] = res
+            _print_chroma_size(res)
+        if args.scifact:
+            summary["scifact"] = run_chroma_scifact(args, rp, binary)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report["chroma"] = summary
+
+
+def _print_chroma_size(res):
+    b, c = res["builtin"], res["chroma"]
+    print(f"   N = {res['n']:,} ({res['float32_mib']:.0f} MiB of float32 vectors; {res['queries']} queries)")
+    print_table(("side", "p50 ms", "p99 ms", "recall@10"),
+                [(s["side"], s["p50_ms"], s["p99_ms"], s["recall@10"]) for s in res["sides"]])
+    print_table(("store", "index s", "vectors/s", "serving process RSS MiB", "(growth)", "server RSS MiB",
+                 "server peak MiB"),
+                [("built-in", b["index_s"], b["vectors_per_s"], b["serve"].get("rss_mib"),
+                  b["serve"].get("growth_mib"), "-", "-"),
+                 (f"chroma (upsert {c['upsert_s']:.1f} s + first query)", c["ready_s"], c["vectors_per_s"],
+                  c["serve"].get("rss_mib"), c["serve"].get("growth_mib"), c["server_queried"]["rss_mib"],
+                  c["server_queried"]["peak_mib"])])
+    print(f"   built-in on disk: {b['disk_mib']} MiB; chroma server RSS before the upsert "
+          f"{c['server_before']['rss_mib']} MiB, after {c['server_indexed']['rss_mib']} MiB; upsert batches of "
+          f"{c['batch']}; count {c['count']}")
+
+
+@contextlib.contextmanager
+def _embedder(args):
+    """The embeddings URL for SciFact: --embed-url, or bench/embed_server.py run for the duration, or None."""
+    if args.embed_url or not args.start_embed_server:
+        yield args.embed_url
+        return
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "embed_server.py"), "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()   # "listening on http://127.0.0.1:PORT/v1"
+        if not line.startswith("listening on "):
+            raise SystemExit("perf: bench/embed_server.py did not start (see its messages above)")
+        yield line.split()[-1]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+SCIFACT_KB = "bench"
+
+
+def _scifact_side(args, rp, ev, store, data_dir, embed_url, chroma_url, prefix, corpus_path, queries, qrels):
+    """Import SciFact into a KB on ``store`` and score it as eval_retrieval.py does; one dict per mode."""
+    import argparse as _argparse
+    os.makedirs(os.path.join(data_dir, "config"), exist_ok=True)
+    for sub in ("vectordb", "documents"):
+        shutil.rmtree(os.path.join(data_dir, sub, SCIFACT_KB), ignore_errors=True)
+    config_path = os.path.join(data_dir, "config", "config.yaml")
+    # eval_retrieval.py's defaults, so the built-in side reproduces its figures.
+    settings = _argparse.Namespace(embed_model=args.embed_model, embed_batch_size=64, strategy="auto",
+                                   chunk_size=256, chunk_overlap=32, k1=1.2, b=0.75, lexical_weight=1.0,
+                                   dense_weight=1.0, compact="", fusion="")
+    ev.write_config(config_path, settings, embed_url)
+    if store == "chroma_http":
+        with open(config_path, "a", encoding="utf-8") as f:
+            f.write(f"vectorstore:\n  type: chroma_http\n  chroma_http:\n    base_url: {json.dumps(chroma_url)}\n"
+                    f"    collection_prefix: {json.dumps(prefix)}\n")
+    argv = ["import", SCIFACT_KB, corpus_path, "--data-dir", data_dir, "--config", config_path,
+            "--log-level", "WARNING"]
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):
+        status = rp.main(argv)
+    ingest_s = time.perf_counter() - started
+    if status != 0:
+        raise SystemExit(f"perf: ragproxy import into the {store} KB failed (exit {status})")
+    kbs = rp.KnowledgeBases(rp.Config.load(config_path), data_dir, rp.make_http_pool())
+    try:
+        kb = kbs.get(SCIFACT_KB)
+        n_chunks = len(kb.current()[0])
+        n_docs = sum(1 for line in open(corpus_path, "rb") if line.strip())
+        src = f"{SCIFACT_KB}/{os.path.basename(corpus_path)}"
+        first_depth = min(n_chunks, 100 * max(1, -(-n_chunks // max(1, n_docs))))
+        out = {"ingest_s": round(ingest_s, 2), "chunks": n_chunks, "modes": {}}
+        if hasattr(kb, "store_status"):
+            out["store_status"] = {k: v for k, v in kb.store_status().items() if k in ("type", "role", "vectors")}
+        modes = ["lexical"] + (["dense", "hybrid"] if embed_url else [])
+        for mode in modes:
+            run = {}
+            for qid in qrels:
+                depth = first_depth
+                while True:
+                    hits = kb.search(queries[qid], depth, mode=mode)
+                    docs = ev.best_rank_per_document([ev.doc_id_of(h.chunk["source"], src) for h in hits])
+                    if len(docs) >= 100 or len(hits) < depth or depth >= n_chunks:
+                        break
+                    depth = min(n_chunks, depth * 2)
+                run[qid] = docs[:100]
+            # What the proxy asks per request: the best 10 chunks (the query's vector is memoized by now).
+            lat = []
+            for qid in qrels:
+                t0 = time.perf_counter()
+                kb.search(queries[qid], TOP, mode=mode)
+                lat.append(time.perf_counter() - t0)
+            means, _ = ev.evaluate(run, qrels)
+            out["modes"][mode] = {"ndcg@10": round(means["ndcg@10"], 4), "recall@100": round(means["recall@100"], 4),
+                                  "search10_p50_ms": _ms(_pct(lat, 50)), "search10_p99_ms": _ms(_pct(lat, 99))}
+        out["rss_mib"] = _mib(_proc_kb("VmRSS"))
+        return out
+    finally:
+        kbs.stop()
+
+
+def run_chroma_scifact(args, rp, binary):
+    """SciFact test (BEIR layout) in a built-in KB and a chroma_http KB: nDCG@10 per mode, search(10) latency."""
+    import eval_retrieval as ev
+    corpus_path, queries, qrels = ev.read_beir(args.scifact, "test")
+    judged = [qid for qid in queries if any(g > 0 for g in qrels.get(qid, {}).values())]
+    if args.scifact_queries:
+        judged = judged[:args.scifact_queries]
+    qrels = {qid: qrels[qid] for qid in judged}
+    own_dir = not args.scifact_data_dir
+    base = tempfile.mkdtemp(prefix="ragproxy-perf-scifact-") if own_dir else os.path.abspath(args.scifact_data_dir)
+    server = ChromaServer(args.chroma_url) if args.chroma_url else ChromaServer.start(binary)
+    prefix = f"perf{os.getpid()}_"
+    try:
+        with _embedder(args) as embed_url:
+            print(f"\n== chroma, SciFact test: {len(qrels)} judged queries, the same KB settings in the built-in "
+                  f"store and on Chroma (collection prefix {prefix}); embeddings: "
+                  f"{embed_url and args.embed_model or 'none (lexical only)'}")
+            sides = {}
+            for store in ("simple", "chroma_http"):
+                data_dir = os.path.join(base, store)
+                cache = os.path.join(data_dir, "cache", "embedding")
+                first = os.path.join(base, "simple", "cache", "embedding")
+                if store != "simple" and os.path.isdir(first) and not os.path.exists(cache):
+                    # The same chunks, the same model: the second side reuses the first's embeddings.
+                    shutil.copytree(first, cache)
+                print(f"   {store} ...", file=sys.stderr, flush=True)
+                sides[store] = _scifact_side(args, rp, ev, store, data_dir, embed_url, server.url, prefix,
+                                             corpus_path, queries, qrels)
+            sides["chroma_server"] = server.memory()
+    finally:
+        if not args.chroma_url:
+            server.stop()
+        if own_dir:
+            shutil.rmtree(base, ignore_errors=True)
+    rows = []
+    simple, chroma = sides["simple"], sides["chroma_http"]
+    for mode in simple["modes"]:
+        a, c = simple["modes"][mode], chroma["modes"].get(mode, {})
+        same = c.get("ndcg@10") is not None and round(a["ndcg@10"], 3) == round(c["ndcg@10"], 3)
+        rows.append((mode, a["ndcg@10"], c.get("ndcg@10"), "yes" if same else "NO", a["search10_p50_ms"],
+                     a["search10_p99_ms"], c.get("search10_p50_ms"), c.get("search10_p99_ms")))
+        sides.setdefault("match_3_decimals", {})[mode] = same
+    print_table(("mode", "nDCG@10 built-in", "nDCG@10 chroma", "same to 3 dp", "built-in p50 ms", "p99",
+                 "chroma p50 ms", "p99"), rows)
+    print(f"   ingest (import + index, embeddings cached after the first run): built-in {simple['ingest_s']} s, "
+          f"chroma {chroma['ingest_s']} s; {simple['chunks']} / {chroma['chunks']} chunks; Chroma server RSS "
+          f"{sides['chroma_server']['rss_mib']} MiB")
+    return sides
+
+
+# --------------------------------------------------------------------------
 
 
 def _parse_args(argv):
     p = argparse.ArgumentParser(description="ragproxy retrieval speed next to bm25s, rank_bm25, numpy and faiss.")
-    p.add_argument("--only", default=",".join(PARTS), help="parts to run: lexical,dense (default both)")
+    p.add_argument("--only", default=",".join(DEFAULT_PARTS),
+                   help="parts to run: lexical,dense,chroma (default lexical,dense)")
     p.add_argument("--max-files", type=int, default=0, help="lexical: first N stdlib files (default all)")
     p.add_argument("--queries", type=int, default=200, help="lexical queries (default 200)")
     p.add_argument("--rank-bm25-queries", type=int, default=20,
@@ -685,6 +1105,24 @@ def _parse_args(argv):
                    "taking turns")
     p.add_argument("--pure-queries", type=int, default=20, help="queries for the stdlib-only dense side (default 20)")
     p.add_argument("--no-pure", action="store_true", help="skip the stdlib-only dense side")
+    p.add_argument("--chroma-url", help="chroma: use this running server (its memory is then not measured) "
+                   "instead of starting `chroma run` per size")
+    p.add_argument("--chroma-bin", default="", help="chroma: the `chroma` command (default $RAGPROXY_CHROMA_BIN, "
+                   "the one beside this Python, then PATH)")
+    p.add_argument("--chroma-sizes", default="100000", help="chroma: vector counts (default 100000)")
+    p.add_argument("--chroma-1m", action="store_true", help="chroma: add N = 1,000,000")
+    p.add_argument("--chroma-queries", type=int, default=200, help="chroma: dense queries per size (default 200)")
+    p.add_argument("--scifact", metavar="DIR", default="",
+                   help="chroma: also SciFact test (a BEIR folder, e.g. ../shared/eval/scifact) in a built-in and a "
+                   "chroma_http KB: nDCG@10 and search(10) latency per mode")
+    p.add_argument("--scifact-queries", type=int, default=0, help="chroma: only the first N judged SciFact queries")
+    p.add_argument("--scifact-data-dir", default="", help="chroma: keep the SciFact KBs (and their embedding "
+                   "cache) here: DIR/simple and DIR/chroma_http (default: temporary)")
+    p.add_argument("--embed-url", help="chroma: SciFact embeddings server (OpenAI-compatible, ending in /v1); "
+                   "without it or --start-embed-server SciFact is lexical only")
+    p.add_argument("--start-embed-server", action="store_true",
+                   help="chroma: run bench/embed_server.py (all-MiniLM-L6-v2) for SciFact's dense and hybrid modes")
+    p.add_argument("--embed-model", default="all-MiniLM-L6-v2", help="chroma: model name sent to the server")
     p.add_argument("--ragproxy", default=RAGPROXY, metavar="PATH", help="ragproxy.py to measure")
     p.add_argument("--json", action="store_true", help="after the tables, one JSON line with every figure")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -699,6 +1137,14 @@ def _parse_args(argv):
         args.dense_sizes = sorted({int(x) for x in args.dense_sizes.split(",") if x.strip()})
     except ValueError:
         p.error("--dense-sizes takes comma-separated integers")
+    try:
+        args.chroma_sizes = sorted({int(x) for x in args.chroma_sizes.split(",") if x.strip()})
+    except ValueError:
+        p.error("--chroma-sizes takes comma-separated integers")
+    if args.chroma_1m and 1000000 not in args.chroma_sizes:
+        args.chroma_sizes.append(1000000)
+    if any(n < TOP for n in args.chroma_sizes):
+        p.error(f"--chroma-sizes must be at least {TOP}")
     if args.dense_1m and 1000000 not in args.dense_sizes:
         args.dense_sizes.append(1000000)
     if any(n < TOP for n in args.dense_sizes):
@@ -717,6 +1163,8 @@ def main(argv=None):
             data = json.load(f)
         if args.worker == "dense-pure":
             result = _dense_pure_worker(data, args.ragproxy)
+        elif args.worker == "chroma-serve":
+            result = _serve_worker(data, args.ragproxy)
         else:
             result = _lexical_worker(args.worker, data, args.ragproxy, memory=not data.get("no_memory"))
         print(json.dumps(result))
@@ -734,6 +1182,8 @@ def main(argv=None):
         run_lexical(args, rp, report)
     if "dense" in args.parts:
         run_dense(args, rp, report)
+    if "chroma" in args.parts:
+        run_chroma(args, rp, report)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     if args.json:
         print(json.dumps(report, sort_keys=True))
