@@ -9,8 +9,8 @@ masked, in the views and in config.yaml's text alike; a masked key sent back
 unchanged keeps the stored one (see masking).  A client key made here (created
 or rotated) is random and is shown in full once, in that answer, never again.
 
-May import: api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, metrics, reqlog, uploads,
-upstream, yamlish.
+May import: api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, metrics, reqlog, storeadmin,
+uploads, upstream, yamlish.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from .jsonbody import json_object_of
 from .masking import MaskError, is_secret_header, mask_secret, mask_text, restore, restore_text
 from .metrics import MCP_OUTCOMES
 from .reqlog import RETRIEVAL_OUTCOMES
+from .storeadmin import StoreAdmin
 from .uploads import UploadError, UploadLimits, Uploads
 from .upstream import UpstreamError
 from .yamlish import YAMLError, load_yaml
@@ -238,6 +239,10 @@ _ADMIN_ROUTES = (
     _AdminRoute("POST", "kbs/{kb}/upload", "upload", "Upload files, folders and archives (multipart/form-data)"),
     _AdminRoute("POST", "kbs/{kb}/search", "search_kb",
                 "Retrieval test: per chunk the lexical, dense, fused and rerank scores"),
+    _AdminRoute("POST", "kbs/{kb}/store/test", "test_kb_store",
+                "Test the knowledge base's vector store live: reachable, collection, vectors, latency"),
+    _AdminRoute("POST", "vectorstore/test", "test_vectorstore",
+                "Connect to a Chroma server (body: base_url, tenant, database; each defaults to the config)"),
     _AdminRoute("GET", "logs", "list_logs", "The request log, newest first, filtered"),
     _AdminRoute("GET", "logs/{id}", "get_log", "One logged request and the chunks it injected"),
     _AdminRoute("GET", "stats", "stats", "Volume, hit rate, latency, hourly trend, per model and per KB"),
@@ -308,6 +313,7 @@ class Admin:
         self.key_rng = rng if rng is not None else secrets.SystemRandom()
         self.throttle = _LoginThrottle(self.clock)
         self.uploads = Uploads(clock=self.clock)  # one per process: its locks order manifest updates
+        self.stores = StoreAdmin()
 
     # -- entry point --------------------------------------------------------
 
@@ -378,6 +384,7 @@ class Admin:
         return json_response(200, {
             "version": __version__, "features": deps.FEATURES, "uptime_s": round(self.clock() - self.app.started, 3),
             "models": [route.name for route in config.models], "kbs": sorted(config.knowledge_bases),
+            "vectorstore": config.vectorstore_status(),
             "config_path": self.config_file.path, "request_log": self.app.request_log is not None,
             # What the logs page filters by: retrieval's outcomes, then an MCP tool call's.
             "outcomes": list(dict.fromkeys(RETRIEVAL_OUTCOMES + MCP_OUTCOMES))})
@@ -753,7 +760,7 @@ class Admin:
         config, name = self.app.config, kb.spec.name
         view = {**kb.stats(), "config": copy_default(config.knowledge_bases.get(name, {})),
                 "documents_dir": kb.documents_dir, "declared": name not in config.undeclared_kbs,
-                "vectorstore": config.vectorstore_status(),
+                "vectorstore": config.vectorstore_status(name),
                 # What the panel tells an uploader: larger files are refused or skipped at upload.
                 "upload_max_file_bytes": self._upload_limits(kb).file_cap()}
         if not view["declared"]:   # POST /kbs with its name declares it, settings and all
@@ -971,6 +978,16 @@ class Admin:
                                     "timings_ms": {k: round(v * 1000.0, 3) for k, v in timings.items()},
                                     "hits": out})
 
+    # -- vector stores (storeadmin) -----------------------------------------
+
+    def test_kb_store(self, request, kb):
+        kb = self._kb(kb)
+        _json_object(request)  # takes no fields, but a garbled body is still an error
+        return self.stores.test_kb_store(kb)
+
+    def test_vectorstore(self, request):
+        return self.stores.test_server(self.app.config, _json_object(request))
+
     # -- request log --------------------------------------------------------
 
     def _request_log(self):
@@ -1132,7 +1149,7 @@ def _openapi_document():
             schema = ({"type": "object", "properties": {"files": {"type": "array", "items":
                                                                   {"type": "string", "format": "binary"}}}}
                       if route.handler == "upload" else {"type": "object"})
-            op["requestBody"] = {"required": route.handler not in ("reindex_kb",),
+            op["requestBody"] = {"required": route.handler not in ("reindex_kb", "test_kb_store", "test_vectorstore"),
                                  "content": {content_type: {"schema": schema}}}
         if route.public:
             op["security"] = []

@@ -704,16 +704,18 @@ class Config:
 
     def vectorstore_status(self, kb=None):
         """What the config asks of the store (of KB ``kb``, or the global one): ``{"configured",
-        "active", "reason", "set_by"}``, and for chroma_http ``"chroma_http"``: the server's
-        settings, its base_url's credentials masked, never the token (``has_token`` says if there is one).
+        "active", "reason", "set_by"}``, and for chroma_http (globally: whenever a server is
+        configured) ``"chroma_http"``: the server's settings, its base_url's credentials masked,
+        never the token (``has_token`` says if there is one).
         "active" is what the config makes the KB use: the same as "configured" (kept for the admin
         API's readers); whether the server answers is the KB's store_status(), not the config's."""
         kind = self.vectorstore_type(kb)
         own = kb is not None and bool((self.knowledge_bases.get(kb) or {}).get("vectorstore"))
         status = {"configured": kind, "active": kind, "reason": None,
                   "set_by": f"knowledge_bases.{kb}.vectorstore" if own else "vectorstore.type"}
-        if kind == "chroma_http":
-            chroma = self.raw["vectorstore"]["chroma_http"]
+        chroma = self.raw["vectorstore"]["chroma_http"]
+        # The global view shows a configured server even under type simple: KBs may pick it one by one.
+        if kind == "chroma_http" or (kb is None and chroma["base_url"]):
             status["chroma_http"] = {
                 "base_url": loggable_url(chroma["base_url"]), "tenant": chroma["tenant"],
                 "database": chroma["database"], "collection_prefix": chroma["collection_prefix"],

@@ -1094,3 +1094,93 @@ def test_keys_come_from_the_injected_rng_else_the_system_csprng(tmp_path, fake):
     replay.getrandbits(128)   # the login's token id
     expected = "rp-" + _b64url(replay.getrandbits(192).to_bytes(24, "big"))
     assert status == 201 and made["key"] == expected
+
+
+# -- the vector store (issue 16) -------------------------------------------------
+
+def _dead_url():
+    """An http URL of a local port nothing listens on (bound, then closed)."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+class _TokenCatcher:
+    """A local HTTP server that answers 404 to everything and keeps the X-Chroma-Token of each request."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        seen = self.tokens = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                seen.append(self.headers.get("X-Chroma-Token"))
+                body = b'{"error":"NotFound","message":"no such route"}'
+                self.send_response(404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_vectorstore_test_reports_a_dead_server_without_its_address(admin_proxy):
+    admin = admin_proxy.admin()
+    status, _, body = admin.post("/admin/api/vectorstore/test", {})
+    assert status == 400 and "vectorstore.chroma_http.base_url" in body["error"]["message"], body
+    dead = _dead_url()
+    status, _, body = admin.post("/admin/api/vectorstore/test", {"base_url": dead + "/"})
+    assert status == 200 and body["ok"] is False and body["reason"] == "unreachable", body
+    assert body["base_url"] == dead and body["configured"] is False and body["latency_ms"] >= 0
+    assert "unreachable" in body["message"] and dead.rsplit(":", 1)[1] not in body["message"]
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({"base_url": "chroma:8000"}, "http:// or https:// URL"),
+    ({"base_url": 8000}, "'base_url' must be a string"),
+    ({"base_url": "http://127.0.0.1:99999"}, "port"),
+    ({"base_url": "http://127.0.0.1:1", "tenant": ""}, "'tenant' must be a Chroma tenant name"),
+    ({"base_url": "http://127.0.0.1:1", "database": "a\nb"}, "'database' must be a Chroma database name"),
+    ({"base_url": "http://127.0.0.1:1", "collection": "x"}, "unknown field 'collection'"),
+])
+def test_a_bad_vectorstore_test_body_is_a_400_in_the_error_shape(admin_proxy, body, fragment):
+    status, _, reply = admin_proxy.admin().post("/admin/api/vectorstore/test", body)
+    assert status == 400 and fragment in reply["error"]["message"], reply
+    assert reply["error"]["code"] == "invalid_field"
+
+
+def test_the_chroma_token_goes_only_to_the_configured_server(make_admin_proxy, fake):
+    configured, other = _TokenCatcher(), _TokenCatcher()
+    try:
+        proxy = make_admin_proxy(proxy_config(fake.url, extra=(
+            "vectorstore:\n  chroma_http:\n"
+            f"    base_url: {configured.url}\n    token: ck-the-chroma-token-123\n")))
+        admin = proxy.admin()
+        status, _, body = admin.post("/admin/api/vectorstore/test", {})
+        assert status == 200 and body["ok"] is False and body["configured"] is True, body
+        assert "v2 API" in body["message"] and configured.tokens == ["ck-the-chroma-token-123"]
+        status, _, body = admin.post("/admin/api/vectorstore/test", {"base_url": other.url})
+        assert status == 200 and body["ok"] is False and body["configured"] is False
+        assert other.tokens == [None]
+        for path in ("/admin/api/overview", "/admin/api/kbs", "/admin/api/providers"):
+            status, _, view = admin.get(path)
+            assert status == 200 and "ck-the-chroma-token-123" not in json.dumps(view), path
+        status, _, view = admin.get("/admin/api/overview")
+        assert view["vectorstore"]["configured"] == "simple"
+        assert view["vectorstore"]["chroma_http"]["base_url"] == configured.url
+        assert view["vectorstore"]["chroma_http"]["has_token"] is True
+    finally:
+        configured.close()
+        other.close()

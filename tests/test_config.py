@@ -338,6 +338,8 @@ def test_each_knowledge_base_may_choose_its_store():
     assert config.vectorstore_status("big")["set_by"] == "knowledge_bases.big.vectorstore"
     assert config.vectorstore_status("big")["configured"] == "chroma_http"
     assert "chroma_http" not in config.vectorstore_status("small")
+    assert config.vectorstore_status()["configured"] == "simple"
+    assert config.vectorstore_status()["chroma_http"]["base_url"] == "http://chroma:8000"   # for KBs that pick it
     assert config.vectorstore_status("small")["set_by"] == "vectorstore.type"
     # The global type is what a KB without its own choice follows; an explicit simple stays built in.
     on_chroma = ragproxy.Config.from_text(MINIMAL + CHROMA_HTTP + PER_KB, environ={})
