@@ -518,7 +518,7 @@ def test_an_undeclared_kb_is_declared_from_the_list_and_rerank_off_is_shown(copi
     status, _, kb = admin.get("/admin/api/kbs/team-notes")
     assert status == 200 and kb["declared"] is False and kb["named_by"] == "models[4].kb[0]"
     assert kb["documents_dir"] == str(notes) and kb["config"]["retrieval"] == "lexical"
-    assert kb["vectorstore"] == {"configured": "simple", "active": "simple", "reason": None}
+    assert kb["vectorstore"] == {"configured": "simple", "active": "simple", "reason": None, "set_by": "vectorstore.type"}
     models = {m["name"]: m for m in admin.get("/admin/api/models")[2]["models"]}
     assert models["notes"]["rerank"] is True and models["notes"]["rerank_status"] == {
         "requested": True, "active": False, "provider": None,
