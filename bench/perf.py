@@ -916,6 +916,13 @@ def run_chroma(args, rp, report):
                     server.stop()
             summary["sizes"][str(n)] = res
             _print_chroma_size(res)
+        if args.chroma_kb_chunks:
+            server = ChromaServer(args.chroma_url) if args.chroma_url else ChromaServer.start(binary)
+            try:
+                summary["kb"] = run_chroma_kb(args, rp, server)
+            finally:
+                if not args.chroma_url:
+                    server.stop()
         if args.scifact:
             summary["scifact"] = run_chroma_scifact(args, rp, binary)
     finally:
@@ -1076,6 +1083,204 @@ def run_chroma_scifact(args, rp, binary):
     return sides
 
 
+# -- the same synthetic KB through KnowledgeBase on both stores (hybrid latency) --
+
+
+def _synth_embed_worker(ragproxy_path):
+    """An OpenAI-compatible /v1/embeddings server on a free loopback port: each text's vector is drawn from
+    a seed of its hash, clustered like make_vectors' rows (the vectors carry no meaning: this times the
+    stores, not a model).  Prints its URL, then serves until terminated."""
+    import base64
+    import hashlib
+    import http.server
+    import numpy as np
+    rng = np.random.default_rng(7)
+    centres = rng.standard_normal((256, DIM), dtype=np.float32)
+
+    def vector(text):
+        seed = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+        r = np.random.default_rng(seed)
+        v = centres[seed % 256] + np.float32(0.9) * r.standard_normal(DIM, dtype=np.float32)
+        return (v / np.linalg.norm(v)).astype("<f4")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            texts = body.get("input")
+            texts = [texts] if isinstance(texts, str) else list(texts)
+            b64 = body.get("encoding_format") == "base64"
+            data = [{"object": "embedding", "index": i,
+                     "embedding": base64.b64encode(vector(t).tobytes()).decode("ascii") if b64
+                     else vector(t).tolist()} for i, t in enumerate(texts)]
+            out = json.dumps({"object": "list", "data": data, "model": body.get("model", "synthetic"),
+                              "usage": {"prompt_tokens": 0, "total_tokens": 0}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    print(f"listening on http://127.0.0.1:{server.server_address[1]}/v1", flush=True)
+    server.serve_forever()
+
+
+@contextlib.contextmanager
+def _synth_embedder(args):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "synth-embed", "--ragproxy", args.ragproxy]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("listening on "):
+            raise SystemExit("perf: the synthetic embeddings server did not start")
+        yield line.split()[-1]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def make_synthetic_corpus(path, n, words=60, vocab=30000, seed=5):
+    """``n`` one-chunk documents of ``words`` Zipf-distributed made-up words (BEIR corpus.jsonl layout);
+    returns 3-5 word queries drawn from random documents."""
+    rng = random.Random(seed)
+    syllables = [a + b for a in "bdfgklmnprstvz" for b in "aeiou"]
+    lexicon = sorted({"".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) for _ in range(vocab)})
+    rng.shuffle(lexicon)
+    cum, total = [], 0.0
+    for rank in range(len(lexicon)):
+        total += 1.0 / (rank + 1)
+        cum.append(total)
+    texts = []
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            text = " ".join(rng.choices(lexicon, cum_weights=cum, k=words))
+            f.write(json.dumps({"_id": f"s{i}", "title": "", "text": text}) + "\n")
+            if i % max(1, n // 500) == 0:
+                texts.append(text)
+    queries = []
+    for text in texts:
+        w = text.split()
+        k = rng.randint(3, 5)
+        start = rng.randint(0, len(w) - k)
+        queries.append(" ".join(w[start:start + k]))
+    return queries
+
+
+def _kb_config(path, embed_url, store, chroma_url, prefix):
+    lines = ["server: {host: 127.0.0.1, port: 0}", "api_key_auth: false", "providers:", "  llm: {}",
+             "  embedding:",
+             f"    synth: {{type: openai, base_url: {json.dumps(embed_url)}, model: synthetic, batch_size: 256, "
+             f"max_concurrency: 2, read_timeout: 600}}",
+             "models: []", "knowledge_bases:", f"  {SCIFACT_KB}:", "    retrieval: hybrid", "    embedding: synth",
+             "    max_file_bytes: 4294967296"]
+    if store == "chroma_http":
+        lines += ["vectorstore:", "  type: chroma_http", "  chroma_http:", f"    base_url: {json.dumps(chroma_url)}",
+                  f"    collection_prefix: {json.dumps(prefix)}", "    timeout: 600"]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def _open_kb(rp, data_dir):
+    config = rp.Config.load(os.path.join(data_dir, "config", "config.yaml"))
+    kbs = rp.KnowledgeBases(config, data_dir, rp.make_http_pool())
+    return kbs, kbs.get(SCIFACT_KB)
+
+
+def _kb_serve_worker(data, ragproxy_path):
+    """A fresh process that opens one side's KB and answers the queries in every mode: what a proxy holds."""
+    rp = load_ragproxy(ragproxy_path)
+    gc.collect()
+    base = _proc_kb("VmRSS")
+    kbs, kb = _open_kb(rp, data["data_dir"])
+    try:
+        for mode in ("lexical", "dense", "hybrid"):
+            for q in data["queries"]:
+                kb.search(q, TOP, mode=mode)
+        rss = _proc_kb("VmRSS")
+    finally:
+        kbs.stop()
+    return {"rss_mib": _mib(rss), "growth_mib": _mib(rss - base) if rss is not None and base is not None else None}
+
+
+def run_chroma_kb(args, rp, server):
+    """The same synthetic KB (``--chroma-kb-chunks`` one-chunk documents) built in the built-in store and on
+    Chroma by ``ragproxy import``; lexical, dense and hybrid search(10) through KnowledgeBase.search."""
+    n = args.chroma_kb_chunks
+    base = tempfile.mkdtemp(prefix="ragproxy-perf-kb-")
+    prefix = f"perfkb{os.getpid()}_"
+    try:
+        corpus = os.path.join(base, "corpus.jsonl")
+        t0 = time.perf_counter()
+        queries = make_synthetic_corpus(corpus, n)[:args.chroma_queries]
+        print(f"\n== chroma, one KB of {n:,} synthetic one-chunk documents (60 Zipf-drawn made-up words each; "
+              f"vectors {DIM}-dim from a hash of the text, so dense hits are not meant to agree with lexical) "
+              f"in the built-in store and on Chroma, `ragproxy import` then KnowledgeBase.search(q, {TOP}); "
+              f"{len(queries)} queries (corpus {time.perf_counter() - t0:.1f} s)")
+        out = {"chunks": n, "queries": len(queries), "sides": {}}
+        opened = {}
+        with _synth_embedder(args) as embed_url:
+            for store in ("simple", "chroma_http"):
+                data_dir = os.path.join(base, store)
+                os.makedirs(os.path.join(data_dir, "config"))
+                config_path = os.path.join(data_dir, "config", "config.yaml")
+                _kb_config(config_path, embed_url, store, server.url, prefix)
+                print(f"   importing into {store} ...", file=sys.stderr, flush=True)
+                started = time.perf_counter()
+                with contextlib.redirect_stdout(sys.stderr):
+                    status = rp.main(["import", SCIFACT_KB, corpus, "--data-dir", data_dir, "--config", config_path,
+                                      "--log-level", "WARNING"])
+                ingest_s = time.perf_counter() - started
+                if status != 0:
+                    raise SystemExit(f"perf: ragproxy import into the {store} KB failed (exit {status})")
+                opened[store] = _open_kb(rp, data_dir)
+                out["sides"][store] = {"import_s": round(ingest_s, 1), "chunks_per_s": round(n / ingest_s),
+                                       "server_after_import": server.memory() if store == "chroma_http" else None}
+            plan = []
+            for mode in ("lexical", "dense", "hybrid"):
+                for store in ("simple", "chroma_http"):
+                    kb = opened[store][1]
+                    plan.append((f"{store} {mode}", (lambda kb, mode: lambda q: kb.search(q, TOP, mode=mode))(kb, mode),
+                                 False))
+            for _, call, _ in plan:   # embed every query once: the timed searches reuse the memoized vector
+                for q in queries:
+                    call(q)
+            timings = _interleaved(plan, queries, args.idle_ms / 1000.0, interleave=not args.back_to_back)
+            for (label, _, _), (lat, _) in zip(plan, timings):
+                store, mode = label.split()
+                out["sides"][store][mode] = {"p50_ms": _ms(_pct(lat, 50)), "p99_ms": _ms(_pct(lat, 99))}
+            for store, (kbs, kb) in opened.items():
+                kbs.stop()
+            path = os.path.join(base, "serve.json")
+            for store in ("simple", "chroma_http"):
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump({"data_dir": os.path.join(base, store), "queries": queries[:50]}, f)
+                out["sides"][store]["serve"] = _run_worker("chroma-kb-serve", args, path)
+            out["server_after_queries"] = server.memory()
+        _print_chroma_kb(out)
+        return out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _print_chroma_kb(out):
+    rows = []
+    for store, label in (("simple", "built-in"), ("chroma_http", "chroma_http")):
+        s = out["sides"][store]
+        rows.append((label, s["import_s"], s["chunks_per_s"], s["lexical"]["p50_ms"], s["lexical"]["p99_ms"],
+                     s["dense"]["p50_ms"], s["dense"]["p99_ms"], s["hybrid"]["p50_ms"], s["hybrid"]["p99_ms"],
+                     s["serve"].get("rss_mib"), s["serve"].get("growth_mib")))
+    print_table(("store", "import s", "chunks/s", "lexical p50", "p99", "dense p50", "p99", "hybrid p50", "p99",
+                 "proxy RSS MiB", "(growth)"), rows)
+    print(f"   ms; import = chunking + embedding (the synthetic server) + indexing; proxy RSS = a fresh process that "
+          f"opened the KB and answered {min(50, out['queries'])} queries in each mode; Chroma server RSS "
+          f"{out['server_after_queries']['rss_mib']} MiB (peak {out['server_after_queries']['peak_mib']})")
+
+
 # --------------------------------------------------------------------------
 
 
@@ -1113,6 +1318,9 @@ def _parse_args(argv):
     p.add_argument("--chroma-sizes", default="100000", help="chroma: vector counts (default 100000)")
     p.add_argument("--chroma-1m", action="store_true", help="chroma: add N = 1,000,000")
     p.add_argument("--chroma-queries", type=int, default=200, help="chroma: dense queries per size (default 200)")
+    p.add_argument("--chroma-kb-chunks", type=int, default=0, metavar="N",
+                   help="chroma: also one KB of N synthetic one-chunk documents built on both stores by `ragproxy "
+                   "import`: import chunks/s, lexical/dense/hybrid search(10) p50/p99, proxy RSS (e.g. 100000)")
     p.add_argument("--scifact", metavar="DIR", default="",
                    help="chroma: also SciFact test (a BEIR folder, e.g. ../shared/eval/scifact) in a built-in and a "
                    "chroma_http KB: nDCG@10 and search(10) latency per mode")
@@ -1159,6 +1367,9 @@ def _parse_args(argv):
 
 def main(argv=None):
     args = _parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker == "synth-embed":
+        _synth_embed_worker(args.ragproxy)
+        return 0
     if args.worker:
         with open(args.input, encoding="utf-8") as f:
             data = json.load(f)
@@ -1166,6 +1377,8 @@ def main(argv=None):
             result = _dense_pure_worker(data, args.ragproxy)
         elif args.worker == "chroma-serve":
             result = _serve_worker(data, args.ragproxy)
+        elif args.worker == "chroma-kb-serve":
+            result = _kb_serve_worker(data, args.ragproxy)
         else:
             result = _lexical_worker(args.worker, data, args.ragproxy, memory=not data.get("no_memory"))
         print(json.dumps(result))
