@@ -18,8 +18,14 @@ under it) by dense and hybrid ones, so a lexical search loads neither.
 With guardrails.redact at: index, chunk text is redacted before it is
 stored (and embedded, and its terms indexed), so secrets never reach the store.
 
-May import: chunking, defaults, deps, docfolder, documents, embeddings, files, fusion, npy, redact,
-sources, store, text, upstream.
+A knowledge base on Chroma (``vectorstore: chroma_http``) keeps its chunks,
+vectors and file records on the server, the shared truth, and a local mirror
+here: the same generations without vectors, so lexical search and the BM25
+half of hybrid run exactly as on the built-in store; dense top-k asks Chroma
+(chromastore.ChromaKB).
+
+May import: chromastore, chunking, defaults, deps, docfolder, documents, embeddings, files, fusion, npy, redact,
+sources, store, text, upstream, vectorstore.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ from .npy import npy_read_array, npy_write_array
 from .sources import scan_roots, source_roots
 from .store import KBStore
 from .text import ANALYZER_VERSION, Analyzer, BM25Index
+from .vectorstore import BuiltinStore, StoreSpec, VectorStoreError
 
 log = logging.getLogger("ragproxy")
 
@@ -79,6 +86,7 @@ class KBSpec:
     fusion: str = "zscore"
     compact: str = ""
     redact: tuple = ()   # categories redacted before chunks are stored (guardrails.redact at: index)
+    store: StoreSpec = StoreSpec()
 
 
 @dataclasses.dataclass
@@ -136,6 +144,11 @@ class KnowledgeBase:
         self.clock = clock
         self.analyzer = Analyzer()
         self.store = KBStore(self.root, compact=_COMPACT_KINDS.get(spec.compact), clock=clock)
+        self.chroma = None  # on Chroma: the store there, the role, the mirror's sync (self.store is the mirror)
+        if spec.store.type == "chroma_http":
+            from .chromastore import ChromaKB
+            self.chroma = ChromaKB(spec.name, spec.store, self.current, self._write_mirror, clock=clock)
+        self.vectors = self.chroma.store if self.chroma is not None else BuiltinStore(self.store)
         self._index_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._loaded = None  # (generation, bm25 index)
@@ -213,9 +226,13 @@ class KnowledgeBase:
 
     def _index(self, report, full, progress):
         spec = self.spec
+        if self.chroma is not None:
+            self.chroma.prepare_index()  # the mirror now holds Chroma's records: the disk is diffed against them
         old, old_bm25 = self.current()
-        if old is not None and not full and self._stored_settings(old) != self._settings():
-            log.info("kb %s: chunking, BM25 or embedding settings changed; re-indexing every file", spec.name)
+        stored = None if old is None else self._stored_settings(old) if self.chroma is None else self.chroma.settings
+        if old is not None and not full and stored != self._settings():
+            if stored is not None or self.chroma is None:  # (a new collection has no settings yet)
+                log.info("kb %s: chunking, BM25 or embedding settings changed; re-indexing every file", spec.name)
             full = True
         old_manifest = old.manifest if old is not None and not full else {}
         files, sources = self._scan()
@@ -285,6 +302,9 @@ class KnowledgeBase:
                 kept.append(source)
             report.deleted = len(set(old_manifest) - set(files))
             report.unchanged = len(kept) - len(batch.deferred_kept)
+            extra = {}
+            if self.chroma is not None:  # Chroma first: it is the truth, and the mirror records its version
+                extra = self.chroma.finish_index(manifest, self._settings())
             if not batch.changed and not report.deleted and old is not None and not full \
                     and manifest == old_manifest:
                 # The background indexer lands here on every poll: no writer,
@@ -292,16 +312,7 @@ class KnowledgeBase:
                 report.chunks, report.generation = len(old), old.name
                 return new_skip_cache
             writer, forward = batch.open()
-            if kept:
-                rows = self._rows_of(old, manifest, kept, writer.chunk_count)
-                writer.copy_rows(old, rows)
-                forward.add_rows(_ForwardIndex.load(old, old_bm25), rows)
-            # Every file in the writer's directory is committed with the generation.
-            forward.bm25(spec.k1, spec.b).save(writer.dir)
-            forward.save(writer.dir)
-            writer.set_manifest(manifest)
-            writer.write_file(_SETTINGS_FILE, json.dumps(self._settings(), sort_keys=True).encode("utf-8"))
-            writer.commit()
+            self._finish_generation(writer, forward, old, old_bm25, manifest, kept, self._settings(), extra)
         except BaseException:
             if batch.writer is not None:
                 batch.writer.abort()  # a no-op once commit() has begun: it cleans up itself
@@ -310,6 +321,41 @@ class KnowledgeBase:
         report.committed = True
         report.chunks, report.generation = len(generation), generation.name
         return new_skip_cache
+
+    def _finish_generation(self, writer, forward, old, old_bm25, manifest, kept, settings, extra):
+        """Carry ``kept`` sources' rows over from ``old``, write BM25, the manifest and ``extra`` files; commit."""
+        if kept:
+            rows = self._rows_of(old, manifest, kept, writer.chunk_count)
+            writer.copy_rows(old, rows)
+            forward.add_rows(_ForwardIndex.load(old, old_bm25), rows)
+        # Every file in the writer's directory is committed with the generation.
+        forward.bm25(self.spec.k1, self.spec.b).save(writer.dir)
+        forward.save(writer.dir)
+        writer.set_manifest(manifest)
+        writer.write_file(_SETTINGS_FILE, json.dumps(settings, sort_keys=True).encode("utf-8"))
+        for name, data in (extra or {}).items():
+            writer.write_file(name, data)
+        writer.commit()
+
+    def _write_mirror(self, records, fetched, settings, extra):
+        """A mirror generation holding ``records``: ``fetched`` sources' chunks (dicts) new, the rest carried over."""
+        from .documents import Chunk
+
+        old, old_bm25 = self.current()
+        writer = self.store.begin()
+        try:
+            kept = [s for s in sorted(records) if s not in fetched]
+            forward = _ForwardIndex(old_bm25.vocab if kept and old_bm25 is not None else None)
+            manifest = {s: old.manifest[s] for s in kept}
+            for source in sorted(fetched):
+                manifest[source] = dict(records[source], row=writer.chunk_count)
+                writer.add_chunks(fetched[source])
+                for chunk in fetched[source]:
+                    forward.add(self.chunk_terms(Chunk.from_json(chunk)))
+            self._finish_generation(writer, forward, old, old_bm25, manifest, kept, settings, extra)
+        except BaseException:
+            writer.abort()
+            raise
 
     def _settings(self):
         """What a generation's chunks, terms and vectors depend on besides the files.
@@ -327,6 +373,8 @@ class KnowledgeBase:
                     "embedding_model": getattr(getattr(self.embedder, "provider", None), "model", "")}
         if s.redact:   # only when on: a store from before index-time redaction existed is not re-indexed
             settings["redact"] = sorted(s.redact)
+        if s.store.type != "simple":  # a mirror has no vectors: back on the built-in store, everything is re-indexed
+            settings["store"] = s.store.type
         return settings
 
     @staticmethod
@@ -513,13 +561,14 @@ class KnowledgeBase:
             if min_lexical is not None:
                 lexical = [(row, score) for row, score in lexical if score >= min_lexical and score > 0]
         if mode in ("dense", "hybrid"):
-            if self.embedder is None or generation.vectors is None:
+            if self.embedder is None or (generation.vectors is None and self.chroma is None):
                 from .embeddings import EmbeddingFatal
                 raise EmbeddingFatal(f"knowledge base {self.spec.name!r} has no vectors for {mode} search")
             started = clock()
             vector = self.embedder.embed_query(query)
             embedded = clock()
-            dense = generation.dense_search(vector, pool)
+            dense = generation.dense_search(vector, pool) if self.chroma is None else \
+                self.chroma.dense_rows(generation, vector, pool)
             timings["embed"] = timings.get("embed", 0.0) + embedded - started
             timings["dense"] = timings.get("dense", 0.0) + clock() - embedded
             if min_dense is not None:
@@ -564,7 +613,28 @@ class KnowledgeBase:
                 "chunks": len(generation) if generation is not None else 0, "run_chunks": self.status["chunks"],
                 "last_indexed": generation.created if generation is not None else None,
                 "sources": sources, "warnings": state.get("warnings") or self._warnings(sources),
-                "skipped": state.get("skipped", []), "deferred": state.get("deferred", [])}
+                "skipped": state.get("skipped", []), "deferred": state.get("deferred", []),
+                "store": self.store_status()}
+
+    # -- the vector store ---------------------------------------------------
+
+    def store_status(self):
+        """The store as last seen, without a network call: type, collection, reachable, error, role, vectors."""
+        if self.chroma is not None:
+            return self.chroma.status()
+        return {"type": "simple", "collection": None, "reachable": None, "error": None, "role": None,
+                "vectors": self.vectors.vector_count(), "checked_at": None}
+
+    def test_store(self):
+        """A live test of the store: ``{"ok", "message", "latency_ms", "version", "collection", "vectors"}``."""
+        return self.chroma.test() if self.chroma is not None else self.vectors.check()
+
+    def sync(self):
+        """A replica: bring the mirror up to Chroma's commit; True if it changed.  Raises VectorStoreError."""
+        if self.chroma is None:
+            return False
+        with self._index_lock:
+            return self.chroma.sync()
 
     # -- what the latest run found, kept beside the store --------------------
 
@@ -710,15 +780,18 @@ class _EmbedBatch:
                         self.deferred_kept.append((source, before))
                 return
         writer, forward = self.open()
-        start = 0
+        start, remote = 0, self.kb.chroma
         for source, entry, chunks, _ in pending:
             self.manifest[source] = dict(entry, row=writer.chunk_count)
+            rows = vectors[start:start + len(chunks)] if vectors is not None else None
+            start += len(chunks)
+            if remote is not None:  # the file is on Chroma, whole, before the mirror gets it
+                remote.write_file(source, entry, [c.to_json() for c in chunks], rows)
             if not chunks:
                 continue
             writer.add_chunks([c.to_json() for c in chunks])
-            if vectors is not None:
-                writer.add_vectors(vectors[start:start + len(chunks)])
-                start += len(chunks)
+            if rows is not None and remote is None:
+                writer.add_vectors(rows)
             for chunk in chunks:
                 forward.add(self.kb.chunk_terms(chunk))
         self.changed = True
@@ -849,7 +922,8 @@ class KnowledgeBases:
         redact = config.guardrails["redact"]
         # Redacting at index time is the store's business, so it is global: every KB, every model.
         at_index = tuple(sorted(redact["categories"])) if redact["enabled"] and redact["at"] == "index" else ()
-        specs = {name: _kb_spec(name, raw, at_index) for name, raw in config.knowledge_bases.items()}
+        stores = config.raw.get("vectorstore") or {}
+        specs = {name: _kb_spec(name, raw, at_index, stores) for name, raw in config.knowledge_bases.items()}
         with self._lock:
             embedders, kbs = {}, {}
             for name, spec in specs.items():
@@ -899,6 +973,8 @@ class KnowledgeBases:
             full_for, self._full_requested = self._full_requested, set()
         for kb in list(self.kbs.values()):
             try:
+                if kb.chroma is not None and not kb.chroma.may_index():
+                    continue  # a replica: the indexer writes Chroma, this process syncs its mirror
                 reports.append(kb.index(full=full or kb.spec.name in full_for))
             except EmbeddingRateLimited as exc:
                 log.warning("kb %s: embedding provider rate-limited; indexing paused: %s", kb.spec.name, exc)
@@ -931,11 +1007,35 @@ class KnowledgeBases:
                             exc.strerror or exc)
 
     def _run(self):
+        last = None
         while not self._stop.is_set():
-            self.index_all()
             interval = self.config.rag["index_interval"] or 3600
-            self._wake.wait(interval)
-            self._wake.clear()
+            if last is None or self._wake.is_set() or self.clock() - last >= interval:
+                self._wake.clear()
+                self.index_all()
+                last = self.clock()
+            # KBs on Chroma are polled more often: a replica syncs its mirror, an indexer renews its lease.
+            polls = [kb.spec.store.sync_interval for kb in self.kbs.values() if kb.chroma is not None]
+            for kb in list(self.kbs.values()):
+                self._poll_store(kb)
+            self._wake.wait(min([interval - (self.clock() - last)] + polls))
+        for kb in list(self.kbs.values()):
+            if kb.chroma is not None:
+                with contextlib.suppress(VectorStoreError):
+                    kb.chroma.release()  # a clean stop hands the indexer's lease on at once
+
+    def _poll_store(self, kb):
+        if kb.chroma is None:
+            return
+        try:
+            was = kb.chroma.role
+            if kb.chroma.may_index():
+                if was != "indexer":
+                    self._wake.set()  # it just became the indexer: index now, not in index_interval
+            elif kb.sync():
+                log.info("kb %s: mirror brought up to Chroma commit %s", kb.spec.name, kb.chroma.synced)
+        except VectorStoreError:
+            pass  # logged when the store's state changed; store_status() shows it
 
     def stop(self, wait=None):
         """Stop the indexer after its current run; ``wait`` seconds at most for it to end (None: not at all)."""
@@ -953,11 +1053,23 @@ def _log_undeclared(name, where, documents_dir):
             documents_dir + os.sep, f" (or did you mean {close!r}?)" if close else "")
 
 
-def _kb_spec(name, raw, redact=()):
+def _store_spec(choice, stores):
+    """The StoreSpec of a KB whose ``vectorstore`` is ``choice`` ("": the global type), from the global block."""
+    kind = choice or stores.get("type") or "simple"
+    if kind != "chroma_http":
+        return StoreSpec()
+    block = stores.get("chroma_http") or {}
+    defaults = StoreSpec()
+    return StoreSpec(type=kind, **{field: block.get(field, getattr(defaults, field)) for field in (
+        "base_url", "tenant", "database", "collection_prefix", "indexer", "timeout", "sync_interval", "token")})
+
+
+def _kb_spec(name, raw, redact=(), stores=None):
     chunking, bm25, weights = raw["chunking"], raw["bm25"], raw["weights"]
     return KBSpec(name=name, sources=tuple(raw["sources"]), include=tuple(raw["include"]),
                   exclude=tuple(raw["exclude"]), gitignore=raw["gitignore"], retrieval=raw["retrieval"],
                   embedding=raw["embedding"], strategy=chunking["strategy"], chunk_size=chunking["chunk_size"],
                   chunk_overlap=chunking["chunk_overlap"], k1=bm25["k1"], b=bm25["b"],
                   max_file_bytes=raw["max_file_bytes"], lexical_weight=weights["lexical"],
-                  dense_weight=weights["dense"], fusion=raw["fusion"], compact=raw["compact"], redact=redact)
+                  dense_weight=weights["dense"], fusion=raw["fusion"], compact=raw["compact"], redact=redact,
+                  store=_store_spec(raw.get("vectorstore", ""), stores or {}))
