@@ -260,7 +260,7 @@ def _cap_ends(text, max_bytes):
 
 # -- turn key ------------------------------------------------------------------
 
-def turn_key(endpoint, payload):
+def turn_key(endpoint, payload, raw=None):
     """sha256 hex of the conversation up to and including the last human turn.
 
     Every request of one agent loop only appends after that turn, so they share
@@ -268,6 +268,14 @@ def turn_key(endpoint, payload):
     left out because clients move them to the newest message each round.  The
     system prompt is left out too: Claude Code's first system block changes on
     every request.  Compute it before ``inject`` changes the payload.
+
+    ``raw(key, upto)``, when given, answers with the client's own text of
+    entries 0 to ``upto`` of ``payload[key]`` (``upto`` None: the whole value),
+    ``cache_control`` members cut out, or None when it cannot tell
+    (jsonbody.raw_entries).  The key is then the hash of that text: a client
+    sends the same turn as the same bytes round after round, and hashing them
+    costs a tenth of encoding the entries again with sorted keys.  Any byte
+    of the prefix that changes changes the key.
     """
     view = _conversation(endpoint, payload)
     if view is None:
@@ -276,12 +284,16 @@ def turn_key(endpoint, payload):
     if isinstance(seq, str):
         if not _strip_harness(seq).strip():
             return None
-        prefix = [seq]
+        prefix, upto = [seq], None
     else:
         i = _last_human(fmt, seq)
         if i is None:
             return None
-        prefix = seq[:i + 1]
+        prefix, upto = seq[:i + 1], i
+    text = raw(fmt.turns, upto) if raw is not None else None
+    if text is not None:   # "raw" keeps these keys apart from the encoded ones
+        return hashlib.sha256(endpoint.encode("utf-8") + b"\nraw\n" +
+                              text.encode("utf-8", "surrogatepass")).hexdigest()
     digest = hashlib.sha256(endpoint.encode("utf-8"))
     for entry in prefix:  # one entry at a time: only the few with cache_control get copied
         blob = _turn_json(entry)

@@ -4,7 +4,9 @@ json_object_of parses a body or says, as a 400, what is wrong with it.
 with_model and with_edits put a renamed model or injected context into the
 body as the client sent it: every byte not edited goes upstream unchanged,
 which is both cheaper than encoding the payload again and faithful to the
-client's numbers and escapes.
+client's numbers and escapes.  Members finds where a body's members lie
+once, for both the splice and raw_entries (the client's own text of a
+conversation's first entries, which the turn key hashes).
 
 May import: api.
 """
@@ -108,7 +110,89 @@ def _json_members(text, pos, expand=()):
         pos = space(text, pos + 1).end()
 
 
-def with_edits(body, payload, paths):
+class Members:
+    """Where the top-level members of a request body lie, found once per request.
+
+    ``spans`` is what _json_members gives for the body's object (None when it
+    repeats a key), with the entries of the arrays named in ``expand``.  The
+    turn key (raw_entries) and the splice (with_edits) both need them, and
+    finding them is one more pass of json's scanner over the whole body, so a
+    request that needs both pays it once.  ``body`` must be one
+    json_object_of accepted.
+    """
+
+    def __init__(self, body, expand=()):
+        self.body = body
+        self.text = body.decode("utf-8")
+        self.expand = frozenset(expand)
+        found = _json_members(self.text, _JSON_SPACE.match(self.text).end(), self.expand)
+        self.spans, self.close = found if found is not None else (None, None)
+
+
+_DROP_MEMBER = '"%s"[ \t\r\n]*:'
+
+
+def raw_entries(members, key, upto=None, leave_out=None):
+    """The body's own text of entries 0 to ``upto`` of the top-level array ``key``, from
+    the first's start to the last's end (``upto`` None: the whole value of ``key``).
+
+    Every object member named ``leave_out``, at any depth, is cut out with its
+    comma, so the text is what the client's encoder would have written without
+    it.  None when the text cannot be told: a body that repeats a key, ``key``
+    missing, not an array whose entries were found, or ``upto`` past its end.
+    """
+    if members.spans is None or key not in members.spans:
+        return None
+    span = members.spans[key]
+    start, end = span[:2]
+    if upto is not None:
+        if len(span) < 3 or not 0 <= upto < len(span[2]):
+            return None
+        start, end = span[2][0][0], span[2][upto][1]
+    text = members.text
+    if leave_out is None or text.find('"%s"' % leave_out, start, end) < 0:
+        return text[start:end]
+    return _without_members(text, start, end, leave_out)
+
+
+def _without_members(text, start, end, name):
+    """``text[start:end]`` without the members named ``name``.
+
+    An unescaped ``"name"`` followed by a colon is that key: a quote inside a
+    JSON string is always escaped, and valid JSON puts no quote right after a
+    string's closing one, so such a quote opens a string, and one followed by
+    a colon is a key.
+    """
+    space = _JSON_SPACE.match
+    pieces, pos = [], start
+    for found in re.compile(_DROP_MEMBER % re.escape(name)).finditer(text, start, end):
+        at = found.start()
+        if at < pos:   # inside a member already cut out
+            continue
+        back = at
+        while text[back - 1] == "\\":
+            back -= 1
+        if (at - back) % 2:   # an escaped quote: inside a string
+            continue
+        _, value_end = _scan_json(text, space(text, found.end()).end())
+        after = space(text, value_end).end()
+        if text[after] == ",":   # a later member follows: cut up to it
+            cut_from, cut_to = at, space(text, after + 1).end()
+        else:   # the last member: from the comma before it; the only one: all inside the braces
+            before = at
+            while text[before - 1] in " \t\r\n":
+                before -= 1
+            if text[before - 1] == ",":
+                cut_from, cut_to = before - 1, value_end
+            else:
+                cut_from, cut_to = before, after
+        pieces.append(text[pos:cut_from])
+        pos = cut_to
+    pieces.append(text[pos:end])
+    return "".join(pieces)
+
+
+def with_edits(body, payload, paths, members=None):
     """``body`` with the values at ``paths`` (see inject) encoded again from ``payload``;
     None when a path cannot be placed, and the whole payload must be encoded.
 
@@ -118,19 +202,22 @@ def with_edits(body, payload, paths):
     injection changes one message or the system prompt of a body that is
     mostly earlier turns and tool definitions.  A body nested so deeply that
     json, which parsed it, cannot encode it again is a ClientError (400).
+    ``members``, a Members of ``body`` found already (by the turn key), spares
+    that pass when it has the entries the paths name.
     """
     try:
-        return _with_edits(body, payload, paths)
+        return _with_edits(body, payload, paths, members)
     except RecursionError:  # nesting that json parsed with a few levels to spare, and cannot encode
         raise ClientError(400, "request body is nested too deeply") from None
 
 
-def _with_edits(body, payload, paths):
-    text = body.decode("utf-8")
-    top = _json_members(text, _JSON_SPACE.match(text).end(), {path[0] for path in paths if len(path) > 1})
-    if top is None:
+def _with_edits(body, payload, paths, members=None):
+    expand = {path[0] for path in paths if len(path) > 1}
+    if members is None or members.body is not body or not expand <= members.expand:
+        members = Members(body, expand)
+    if members.spans is None:
         return None
-    spans, close = top
+    text, spans, close = members.text, members.spans, members.close
     last = max((span[1] for span in spans.values()), default=close)  # new members go after it
     edits = []  # (start, end, new text), for splicing in order
     for path in dict.fromkeys(paths):

@@ -17,7 +17,7 @@ or is only recorded); with ``scan: input`` the request's tool results are
 screened too.  A model's max_input_tokens then cuts context, whole chunks
 from the end, until the enriched request fits.
 
-May import: api, config, deps, embeddings, fusion, guard, inject, npy, redact.
+May import: api, config, deps, embeddings, fusion, guard, inject, jsonbody, npy, redact.
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ from .inject import (
     turn_key,
     uses_query,
 )
+from .jsonbody import Members, raw_entries
 from .npy import StoreError
 from .redact import Redactor
 
@@ -560,7 +561,7 @@ class Retriever:
         in_place = route.inject_mode in _USER_TURN_MODES and uses_query(rag["inject_template"])
         try:
             query = extract_query(endpoint, payload, rag["query_source"], rag["max_query_bytes"])
-            turn = turn_key(endpoint, payload)
+            turn = turn_key(endpoint, payload, self._raw_prefix(exchange))
             question = question_text(endpoint, payload) if in_place else query
             later_round = bool(turn) and continues_turn(endpoint, payload)
         except RecursionError:  # nesting that json parsed with a few levels to spare
@@ -607,6 +608,18 @@ class Retriever:
             tokens = max(0, tokens - self.count_tokens(question))
         exchange.retrieval.update(sources=found.sources, hits=found.hits, ms=stages["total"] * 1000.0,
                                   context_tokens=tokens)
+
+    @staticmethod
+    def _raw_prefix(exchange):
+        """turn_key's ``raw``: the client's own text of the conversation's first entries.
+
+        The Members it finds are left on ``exchange.members`` for the splice
+        (jsonbody.with_edits), which needs the same spans.
+        """
+        def raw(key, upto):
+            members = exchange.members = Members(exchange.request.body, (key,))
+            return raw_entries(members, key, upto, leave_out="cache_control")
+        return raw if isinstance(exchange.request.body, bytes) and exchange.request.body else None
 
     def _fit(self, found, limit, own_tokens, question, screen):
         """``found`` with whole chunks cut from its end until the request, ``own_tokens``

@@ -243,6 +243,54 @@ def test_turn_key_is_stable_through_an_agent_loop_and_changes_on_a_new_turn(endp
     assert ragproxy.turn_key(endpoint, later) not in keys
 
 
+def raw_of(body):
+    """turn_key's ``raw`` over the client's bytes, as the retriever gives it."""
+    def raw(key, upto):
+        return jsonbody.raw_entries(jsonbody.Members(body, (key,)), key, upto, leave_out="cache_control")
+    return raw
+
+
+CLIENT_ENCODINGS = [lambda v: json.dumps(v).encode(),   # Python SDKs
+                    lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode()]   # JS
+
+
+@pytest.mark.parametrize("encode", CLIENT_ENCODINGS)
+@pytest.mark.parametrize("endpoint", sorted(LOOPS) + ["ollama_generate"])
+def test_turn_key_of_the_raw_bytes_is_stable_through_an_agent_loop(endpoint, encode):
+    """Claude Code moves cache_control to the newest block every round: the key holds."""
+    if endpoint == "ollama_generate":
+        bodies = [{"model": "m", "prompt": "why", "context": [r]} for r in range(3)]
+    else:
+        bodies = [LOOPS[endpoint][0](r) for r in range(3)]
+    keys = {ragproxy.turn_key(endpoint, body, raw_of(encode(body))) for body in bodies}
+    assert len(keys) == 1 and len(next(iter(keys))) == 64
+
+
+@pytest.mark.parametrize("endpoint", sorted(LOOPS))
+def test_turn_key_of_the_raw_bytes_changes_with_any_byte_of_the_prefix(endpoint):
+    """A change anywhere in the entries up to the human turn, in any of them, is a new key;
+    one after it is not."""
+    build, field = LOOPS[endpoint]
+    body = build(2)
+    encode = CLIENT_ENCODINGS[1]
+    key = ragproxy.turn_key(endpoint, body, raw_of(encode(body)))
+    human = min(n for n in range(len(body[field])) if ragproxy.turn_key(endpoint, dict(body, **{
+        field: body[field][:n + 1]})) == ragproxy.turn_key(endpoint, body))   # the last human turn
+    assert human < len(body[field]) - 1   # there are entries after the turn
+    for n, entry in enumerate(body[field]):
+        changed = copy.deepcopy(body)
+        changed[field][n] = dict(entry, extra_field=1)   # one more member: new bytes
+        got = ragproxy.turn_key(endpoint, changed, raw_of(encode(changed)))
+        assert (got != key) == (n <= human), n
+    spaced_out = encode(body).replace(b'"role":', b'"role": ', 1)   # whitespace is bytes too
+    assert ragproxy.turn_key(endpoint, body, raw_of(spaced_out)) != key
+
+
+def test_turn_key_without_raw_text_encodes_the_entries():
+    body = claude_code_request(1)
+    assert ragproxy.turn_key("messages", body, lambda key, upto: None) == ragproxy.turn_key("messages", body)
+
+
 def test_turn_key_ignores_harness_only_messages_after_the_turn():
     body = codex_request(1)
     key = ragproxy.turn_key("responses", body)

@@ -5,6 +5,8 @@ went in, and where an edit cannot be placed safely the answer is None (the
 proxy then encodes the payload again).  That the proxy forwards these bytes
 is test_proxy's.
 """
+import json
+
 import pytest
 
 from _ragproxy import jsonbody
@@ -66,3 +68,82 @@ def test_with_edits_of_a_body_too_deep_to_encode_again_is_a_400():
     with pytest.raises(ClientError) as caught:
         jsonbody.with_edits(b'{"messages": [{"x": null}]}', payload, [("messages", 0)])
     assert caught.value.status == 400 and "nested too deeply" in caught.value.message
+
+
+# -- Members and raw_entries: the client's own text, for the turn key -----------
+
+def _members(body, key="messages"):
+    return jsonbody.Members(body, (key,))
+
+
+def test_raw_entries_is_the_clients_text_of_the_first_entries():
+    body = b'{"model":"m", "messages" : [ {"a": 1.50} ,{"b":"\\u00e9"},\n {"c": 3} ], "tools": []}'
+    members = _members(body)
+    assert jsonbody.raw_entries(members, "messages", 0) == '{"a": 1.50}'
+    assert jsonbody.raw_entries(members, "messages", 1) == '{"a": 1.50} ,{"b":"\\u00e9"}'
+    assert jsonbody.raw_entries(members, "messages", 2) == '{"a": 1.50} ,{"b":"\\u00e9"},\n {"c": 3}'
+    assert jsonbody.raw_entries(members, "messages") == '[ {"a": 1.50} ,{"b":"\\u00e9"},\n {"c": 3} ]'
+    assert jsonbody.raw_entries(_members(b'{"prompt": "why \\"so\\""}', "prompt"), "prompt") == '"why \\"so\\""'
+
+
+@pytest.mark.parametrize("body,key,upto", [
+    (b'{"messages":[1],"messages":[1]}', "messages", 0),   # which one the parser kept is a guess
+    (b'{"messages":[1,2]}', "messages", 2),               # past the end
+    (b'{"messages":[1,2]}', "input", 0),                  # no such member
+    (b'{"messages":{"a":1}}', "messages", 0),              # not an array
+])
+def test_raw_entries_declines_what_it_cannot_tell(body, key, upto):
+    assert jsonbody.raw_entries(_members(body), key, upto) is None
+
+
+CACHE_CONTROL_CASES = [
+    {"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}},          # last member
+    {"cache_control": {"type": "ephemeral", "ttl": "1h"}, "type": "text", "text": "q"},  # first
+    {"type": "text", "cache_control": {"type": "ephemeral"}, "text": "q"},          # between
+    {"cache_control": {"type": "ephemeral"}},                                       # the only one
+    {"content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}}],
+     "cache_control": {"cache_control": {"type": "ephemeral"}}},                     # nested, and inside one cut
+]
+
+
+def _strip(value):
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k != "cache_control"}
+    return [_strip(v) for v in value] if isinstance(value, list) else value
+
+
+@pytest.mark.parametrize("dumps", [
+    lambda v: json.dumps(v),
+    lambda v: json.dumps(v, separators=(",", ":")),
+    lambda v: json.dumps(v, indent=2),
+    lambda v: json.dumps(v, indent="\t", ensure_ascii=False),
+])
+@pytest.mark.parametrize("entry", CACHE_CONTROL_CASES)
+def test_raw_entries_leaves_out_cache_control_as_the_encoder_would_have(entry, dumps):
+    """The text without cache_control is byte for byte what the client's encoder writes for
+    the entry without it: one turn's key must not change when a client moves the marker."""
+    body = dumps({"messages": [{"role": "user", "content": "first"}, entry]}).encode()
+    without = dumps({"messages": [{"role": "user", "content": "first"}, _strip(entry)]}).encode()
+    got = jsonbody.raw_entries(_members(body), "messages", 1, leave_out="cache_control")
+    assert got == jsonbody.raw_entries(_members(without), "messages", 1)
+    assert "cache_control" not in got
+    assert jsonbody.raw_entries(_members(body), "messages", 1) != got   # without leave_out: as sent
+
+
+def test_raw_entries_keeps_cache_control_written_inside_a_string():
+    entry = {"text": 'say "cache_control": {} \\', "note": "\\\"cache_control\": 1"}
+    body = json.dumps({"messages": [entry]}).encode()
+    members = _members(body)
+    assert jsonbody.raw_entries(members, "messages", 0, leave_out="cache_control") == json.dumps(entry)
+
+
+def test_with_edits_reuses_the_members_found_for_the_same_body_only():
+    body = b'{"model":"a","messages":[{"n":1},{"n":2}]}'
+    payload = jsonbody.json_object_of(body)
+    payload["messages"][1]["n"] = 3
+    expected = b'{"model":"a","messages":[{"n":1},{"n":3}]}'
+    assert jsonbody.with_edits(body, payload, [("messages", 1)], _members(body)) == expected
+    # Members of another body, or without the entries the path names, are not used.
+    other = b'{"model":"a","messages":[{"n":1},  {"n":2}]}'
+    assert jsonbody.with_edits(body, payload, [("messages", 1)], _members(other)) == expected
+    assert jsonbody.with_edits(body, payload, [("messages", 1)], _members(body, "tools")) == expected

@@ -3,6 +3,7 @@
 The fake upstream answers "FOUND: <sentence>" only when that sentence reached
 it, so a passing test proves the passage was retrieved and injected.
 """
+import copy
 import json
 import logging
 import socket
@@ -762,3 +763,33 @@ def test_bodies_nested_to_the_json_limit_are_never_a_500(rag_proxy, fake):
         lo, hi = (mid, hi) if status(mid) == 200 else (lo, mid - 1)
     assert lo > 100
     assert {status(depth) for depth in range(lo - 3, lo + 40)} <= {200, 400}
+
+
+def test_a_tool_round_reuses_its_turns_context_and_an_edited_prefix_retrieves_afresh(rag_proxy, fake):
+    """The turn key is the hash of the client's bytes of the conversation up to the human turn:
+    Claude Code's moving cache_control keeps it, an earlier message edited in place does not."""
+    turn = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": [{"type": "text", "text": "what does the purple elephant do?",
+                                          "cache_control": {"type": "ephemeral"}}]}]
+    body = {"model": "llama3", "max_tokens": 64, "messages": turn}
+    headers = {"anthropic-version": "2023-06-01"}
+    assert _raw_post(rag_proxy.url, "/v1/messages", body, headers)[0] == 200
+    first = fake.last.json["messages"][2]
+    later = copy.deepcopy(turn)
+    del later[2]["content"][0]["cache_control"]
+    later += [{"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok",
+                                            "cache_control": {"type": "ephemeral"}}]}]
+    assert _raw_post(rag_proxy.url, "/v1/messages", dict(body, messages=later), headers)[0] == 200
+    assert without_cache_control(fake.last.json["messages"][2]) == without_cache_control(first)
+    edited = copy.deepcopy(later)
+    edited[1]["content"] = "hi!"
+    assert _raw_post(rag_proxy.url, "/v1/messages", dict(body, messages=edited), headers)[0] == 200
+    outcomes = [row["outcome"] for row in logged_rows(rag_proxy.app, 3)][::-1]   # oldest first
+    assert outcomes == ["retrieved", "cached", "retrieved"]
+
+
+def without_cache_control(value):
+    if isinstance(value, dict):
+        return {k: without_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    return [without_cache_control(v) for v in value] if isinstance(value, list) else value
