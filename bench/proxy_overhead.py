@@ -33,6 +33,7 @@ Standard library only (py-spy for --py-spy); Python 3.9+.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -48,10 +49,18 @@ import tempfile
 import threading
 import time
 
+try:
+    import fcntl
+except ImportError:  # not on Windows: KB builds are then not locked against a concurrent run
+    fcntl = None
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TESTS = os.path.join(ROOT, "tests")
 RAGPROXY = os.path.join(ROOT, "ragproxy.py")
+EVAL_DIR = os.path.join(os.path.dirname(ROOT), "shared", "eval")
+sys.path.insert(0, HERE)
+from request_body import agent_loop_body  # noqa: E402
 
 API_KEY = "bench-client-key-0001"
 # The upstream replaces this word with its clock (time.time_ns(), 19 digits)
@@ -343,7 +352,8 @@ class Child:
                 self.proc.wait()
 
 
-def _proxy_config(upstream_port):
+def _proxy_config(upstream_port, kb_section=None):
+    """The proxy's config: every model to the fake upstream, with the KB ``kb`` when given its section."""
     return f"""\
 server:
   host: 127.0.0.1
@@ -355,16 +365,17 @@ providers:
   llm:
     fake: {{type: openai, base_url: "http://127.0.0.1:{upstream_port}/v1", api_key: upstream-key}}
 models:
-  - {{name: "*", upstream: fake}}
-"""
+  - {{name: "*", upstream: fake{", kb: [kb]" if kb_section else ""}}}
+{kb_section or ""}"""
 
 
-def start_proxy(python, script, upstream_port, workdir, pure, cprofile_out=None, label=None):
-    data_dir = os.path.join(workdir, label or ("pure" if pure else "default"))
+def start_proxy(python, script, upstream_port, workdir, pure, cprofile_out=None, label=None, kb=None):
+    """A ragproxy serving on a port it picks; ``kb`` = ``(data_dir, kb_section)`` of prepare_kb: the retrieval model."""
+    data_dir = kb[0] if kb else os.path.join(workdir, label or ("pure" if pure else "default"))
     os.makedirs(data_dir, exist_ok=True)
     config = os.path.join(data_dir, "config.yaml")
     with open(config, "w", encoding="utf-8") as f:
-        f.write(_proxy_config(upstream_port))
+        f.write(_proxy_config(upstream_port, kb[1] if kb else None))
     env = dict(os.environ, RAGPROXY_SECRET_KEY="bench-secret")
     env.pop("RAGPROXY_PURE", None)
     if pure:
@@ -375,7 +386,7 @@ def start_proxy(python, script, upstream_port, workdir, pure, cprofile_out=None,
                 "--ragproxy", script, "--"] + args
     else:
         argv = [python, script] + args
-    return Child(argv, env, r"listening on http://127\.0\.0\.1:(\d+)", "ragproxy" + (" (pure)" if pure else ""))
+    return Child(argv, env, r"listening on http://127\.0\.0\.1:(\d+)", label or ("ragproxy" + (" (pure)" if pure else "")))
 
 
 def version_line(python, script, pure):
@@ -388,19 +399,258 @@ def version_line(python, script, pure):
 
 
 # --------------------------------------------------------------------------
+# The retrieval model: lexical KBs, built once into a cache outside the repo
+
+# name: (corpora under --eval-dir, chunking).  "scifact" is SciFact's 5,183
+# abstracts at the default chunking; "80k" is SciFact and CoSQA's 6,267 code
+# snippets together at a chunk size that makes about 80,000 chunks (78,556 at
+# 28 tokens), the size of the KB issue 20's targets name.
+KB_SPECS = {
+    "scifact": (("scifact",), None),
+    "80k": (("scifact", "cosqa-dev"), {"strategy": "auto", "chunk_size": 28, "chunk_overlap": 0}),
+}
+KB_CHUNKS = re.compile(r"(\d+) chunks in g\d+")
+
+
+class Absent(Exception):
+    """A side this machine cannot run (a peer not installed, a corpus not there): reported, not dropped."""
+
+
+def _kb_section(chunking):
+    text = "knowledge_bases:\n  kb:\n    retrieval: lexical\n    max_file_bytes: 4294967296\n"
+    if chunking:
+        text += "    chunking: {" + ", ".join(f"{k}: {v}" for k, v in chunking.items()) + "}\n"
+    return text + "rag: {index_interval: 3600}\n"   # no re-scan of the sources while the load runs
+
+
+def _index(python, script, data, config):
+    """``ragproxy index kb``: builds, or (when the store is current for this script) only checks, the KB."""
+    out = subprocess.run([python, script, "index", "kb", "--data-dir", data, "--config", config,
+                          "--log-level", "WARNING"], capture_output=True, text=True, timeout=3600)
+    found = KB_CHUNKS.search(out.stdout)
+    if out.returncode != 0 or not found:
+        raise RuntimeError(f"indexing the bench KB failed:\n{out.stdout}{out.stderr}")
+    return int(found.group(1))
+
+
+def prepare_kb(name, opts, script, workdir):
+    """A data directory holding the lexical KB ``kb`` of ``KB_SPECS[name]``, for one proxy process.
+
+    The KB is built once per content (the corpora's bytes and the chunking
+    decide the cache key) under --cache-dir, then copied for this run, so a
+    run never shares a store with another one; the copy is indexed again by
+    ``script``, which is a no-op unless that ragproxy stores KBs differently.
+    Returns ``(data_dir, kb_section, facts)``.
+    """
+    corpora, chunking = KB_SPECS[name]
+    section = _kb_section(chunking)
+    digest = hashlib.sha256(section.encode())
+    texts = []
+    for corpus in corpora:
+        path = os.path.join(opts.eval_dir, corpus, "corpus.jsonl")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            raise Absent(f"no corpus at {path} (--eval-dir)") from None
+        if opts.kb_docs:
+            data = b"".join(data.splitlines(keepends=True)[:opts.kb_docs])
+        digest.update(b"\0%s\0%d\0" % (corpus.encode(), len(data)))
+        digest.update(data)
+        texts.append((corpus, data))
+    cached = os.path.join(opts.cache_dir, "kb", f"{name}-{digest.hexdigest()[:16]}")
+    docs = sum(data.count(b"\n") for _, data in texts)
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    with open(os.path.join(os.path.dirname(cached), ".lock"), "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)   # two runs at once build it once
+        built = None
+        if not os.path.exists(os.path.join(cached, "built")):
+            started = time.perf_counter()
+            shutil.rmtree(cached, ignore_errors=True)
+            os.makedirs(os.path.join(cached, "data", "documents", "kb"))
+            for corpus, data in texts:
+                with open(os.path.join(cached, "data", "documents", "kb", corpus + ".jsonl"), "wb") as f:
+                    f.write(data)
+            config = os.path.join(cached, "build.yaml")
+            with open(config, "w", encoding="utf-8") as f:
+                f.write(_proxy_config(9, section))
+            chunks = _index(opts.python, script, os.path.join(cached, "data"), config)
+            built = round(time.perf_counter() - started, 1)
+            with open(os.path.join(cached, "built"), "w") as f:
+                f.write(json.dumps({"chunks": chunks, "docs": docs, "seconds": built}))
+        data_dir = os.path.join(workdir, f"kb-{name}-{len(os.listdir(workdir))}")
+        shutil.copytree(os.path.join(cached, "data"), data_dir)   # copy2: mtimes kept, so nothing looks changed
+    config = os.path.join(data_dir, "check.yaml")
+    with open(config, "w", encoding="utf-8") as f:
+        f.write(_proxy_config(9, section))
+    chunks = _index(opts.python, script, data_dir, config)
+    return data_dir, section, {"corpora": list(corpora), "docs": docs, "chunks": chunks, "chunking": chunking,
+                               "cache": cached, "built_seconds": built}
+
+
+# --------------------------------------------------------------------------
+# The peers: other proxies a user might put there instead (bench/setup_peers.sh)
+
+LITELLM_KEY = "sk-" + "bench-client-key-0001"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PeerChild:
+    """A peer proxy on a port chosen here, ready once it answers HTTP; the same face as Child."""
+
+    def __init__(self, argv, env, name, log_path, timeout=120):
+        self.name = name
+        self.port = _free_port()
+        argv = [a.replace("{port}", str(self.port)) for a in argv]
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
+                    sock.sendall(b"GET /health/liveliness HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                    if sock.recv(16).startswith(b"HTTP/1."):
+                        return
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        with open(log_path, "rb") as f:
+            tail = f.read()[-2000:].decode("utf-8", "replace")
+        raise RuntimeError(f"{name} did not start (log {log_path}):\n{tail}")
+
+    def stop(self, sig=signal.SIGINT):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig or signal.SIGINT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def find_peer(name, opts):
+    """What bench/setup_peers.sh recorded for ``name``; Absent when it is not installed."""
+    record = os.path.join(opts.cache_dir, "peers", f"{name}.json")
+    try:
+        with open(record, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        raise Absent(f"not installed (bash bench/setup_peers.sh {name})") from None
+    if not os.path.exists(info.get("exe", "")):
+        raise Absent(f"{info.get('exe')} is gone (bash bench/setup_peers.sh {name})")
+    if name == "portkey" and shutil.which("node") is None:
+        raise Absent("node is not on PATH")
+    return info
+
+
+def _litellm_config(upstream_port, opts):
+    models = ["bench-model", f"{STAMPED_MODEL_PREFIX}{opts.events}"]
+    lines = ["model_list:"]
+    for model in models:
+        lines += [f"  - model_name: {model}",
+                  f"    litellm_params: {{model: openai/{model}, api_base: 'http://127.0.0.1:{upstream_port}/v1', "
+                  "api_key: upstream-key}"]
+    lines += [f"  - model_name: {CLAUDE_MODEL}",
+              f"    litellm_params: {{model: anthropic/{CLAUDE_MODEL}, api_base: 'http://127.0.0.1:{upstream_port}', "
+              "api_key: upstream-key}",
+              # The documented way to run it without a database: a master key, no DATABASE_URL.
+              "general_settings: {master_key: " + LITELLM_KEY + ", disable_spend_logs: true}",
+              "litellm_settings: {telemetry: false, drop_params: false}"]
+    return "\n".join(lines) + "\n"
+
+
+def start_peer(name, info, upstream_port, opts, workdir):
+    env = dict(os.environ)
+    log = os.path.join(workdir, f"{name}.log")
+    if name == "litellm":
+        config = os.path.join(workdir, "litellm.yaml")
+        with open(config, "w", encoding="utf-8") as f:
+            f.write(_litellm_config(upstream_port, opts))
+        for var in ("DATABASE_URL", "LITELLM_MASTER_KEY"):
+            env.pop(var, None)
+        env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False",
+                   NO_DOCKER="True")
+        argv = [info["exe"], "--config", config, "--host", "127.0.0.1", "--port", "{port}", "--num_workers", "1"]
+    else:
+        argv = ["node", info["exe"], "--port={port}", "--headless"]
+    return PeerChild(argv, env, f"{name} {info['version']}", log)
+
+
+def peer_headers(name, scenario, upstream_port):
+    """The header lines a peer needs to pass a request to the fake upstream (auth for the client included)."""
+    if name == "litellm":
+        return [f"Authorization: Bearer {LITELLM_KEY}"]
+    if name == "portkey":
+        if scenario == "claude":
+            return ["x-portkey-provider: anthropic", f"x-portkey-custom-host: http://127.0.0.1:{upstream_port}/v1",
+                    "x-api-key: upstream-key"]
+        return ["x-portkey-provider: openai", f"x-portkey-custom-host: http://127.0.0.1:{upstream_port}/v1",
+                "Authorization: Bearer upstream-key"]
+    return [f"Authorization: Bearer {API_KEY}"]
+
+
+class Side:
+    """One thing the load goes to: a label, its process (None: the fake upstream itself, "direct"),
+    whether it gets the tool-round body, and which peer's headers it needs."""
+
+    def __init__(self, label, child=None, tool_round=False, peer=None):
+        self.label, self.child, self.tool_round, self.peer = label, child, tool_round, peer
+
+
+# --------------------------------------------------------------------------
 # The load generator
 
 
-def request_bytes(port, stream, prompt_bytes, model):
+CLAUDE_MODEL = "claude-sonnet-4-5"
+
+
+def request_bytes(port, stream, prompt_bytes, model, tool_round=False, auth=None):
+    """A chat completions request; ``tool_round`` adds a tool call and its result after the user turn
+    (the next round of the same turn); ``auth`` is the header lines that authorise it."""
     words = ("please refactor this function and explain the change " * (prompt_bytes // 50 + 1))
-    body = json.dumps({"model": model, "stream": stream, "max_tokens": 256,
-                       "messages": [{"role": "system", "content": "You are a coding assistant."},
-                                    {"role": "user", "content": words[:prompt_bytes]}]},
+    messages = [{"role": "system", "content": "You are a coding assistant."},
+                {"role": "user", "content": words[:prompt_bytes]}]
+    if tool_round:
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_bench_0001", "type": "function",
+             "function": {"name": "read_file", "arguments": json.dumps({"path": "src/app.py"})}}]},
+            {"role": "tool", "tool_call_id": "call_bench_0001", "content": "def main():\n    return 0\n" * 8}]
+    body = json.dumps({"model": model, "stream": stream, "max_tokens": 256, "messages": messages},
                       separators=(",", ":")).encode()
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Authorization: Bearer {API_KEY}\r\nContent-Type: application/json\r\n"
+            + "".join(line + "\r\n" for line in (auth or [f"Authorization: Bearer {API_KEY}"]))
+            + "Content-Type: application/json\r\n"
             f"Accept: {'text/event-stream' if stream else 'application/json'}\r\n"
             f"User-Agent: ragproxy-bench/1\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    return head + body
+
+
+_AGENT_BODIES = {}
+
+
+def messages_bytes(port, size, tool_round=False, auth=None):
+    """A Claude Code /v1/messages request of about ``size`` bytes (request_body.agent_loop_body)."""
+    key = (size, tool_round)
+    if key not in _AGENT_BODIES:
+        _AGENT_BODIES[key] = agent_loop_body(size, tool_round=tool_round, model=CLAUDE_MODEL)
+    body = _AGENT_BODIES[key]
+    head = (f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            + "".join(line + "\r\n" for line in (auth or [f"Authorization: Bearer {API_KEY}"]))
+            + "Content-Type: application/json\r\nAccept: application/json\r\n"
+            "anthropic-version: 2023-06-01\r\nanthropic-beta: claude-code-20250219,interleaved-thinking-2025-05-14\r\n"
+            "x-app: cli\r\nUser-Agent: claude-cli/2.1.197 (external, cli)\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
     return head + body
 
 
@@ -408,7 +658,7 @@ class _Conn:
     """One keep-alive client connection and the response it is reading."""
 
     __slots__ = ("sock", "buf", "pos", "head_done", "chunked", "length", "status", "sent_at",
-                 "first_at", "stamps", "think")
+                 "first_at", "stamps", "think", "injected")
 
     def __init__(self, sock):
         self.sock = sock
@@ -424,6 +674,7 @@ class _Conn:
         self.first_at = None
         self.stamps = []
         self.think = 0.0
+        self.injected = False
 
     def feed(self, data, now, wall, want_stamps):
         """Take received bytes; True once the whole response is in."""
@@ -444,6 +695,8 @@ class _Conn:
                     self.chunked = True
                 elif name == b"x-bench-think-ns":
                     self.think = int(value) / 1e9
+                elif name == b"x-ragproxy-sources":   # the retrieval model put context in
+                    self.injected = True
             self.head_done = True
             self.pos = end + 4
             if not self.chunked and self.first_at is None:
@@ -473,7 +726,8 @@ def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps,
     """Closed-loop load on 127.0.0.1:port; per-request figures from after the warm-up.
 
     Returns latencies (s), first-event times (s), per-event delays (ns), errors,
-    the measured wall time and the CPU seconds each watched process used in it.
+    the measured wall time, the CPU seconds each watched process used in it and
+    how many measured answers said ragproxy injected context (X-Ragproxy-Sources).
     """
     sel = selectors.DefaultSelector()
     conns = []
@@ -484,7 +738,7 @@ def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps,
         conns.append(conn)
         sel.register(sock, selectors.EVENT_READ, conn)
     latencies, firsts, delays = [], [], []
-    errors, first_error = 0, None
+    errors, first_error, injected = 0, None, 0
     clock = time.perf_counter
     start = clock()
     measure_from = start + warmup
@@ -525,6 +779,7 @@ def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps,
                 latencies.append(now - conn.sent_at - conn.think)
                 firsts.append(conn.first_at - conn.sent_at - conn.think)
                 delays.extend(conn.stamps)
+                injected += conn.injected
             conn.reset()
             done = now >= stop_at or (max_requests is not None and len(latencies) >= max_requests)
             if done:
@@ -540,7 +795,7 @@ def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps,
     sel.close()
     if first_error:
         print(f"  first error from port {port}: {first_error!r}", file=sys.stderr)
-    return latencies, firsts, delays, errors, elapsed, cpu
+    return latencies, firsts, delays, errors, elapsed, cpu, injected
 
 
 def _delta(after, before):
@@ -566,43 +821,61 @@ def _fmt(value, spec=".3f", signed=False):
     return format(value, ("+" if signed else "") + spec)
 
 
-SCENARIOS = ("chat", "slow", "stream", "events")
+SCENARIOS = ("chat", "claude", "slow", "stream", "events")
+DEFAULT_SCENARIOS = ("chat", "claude")
+# relay, floor: yardsticks; ragproxy: the pass-through model; rag-<kb>: the
+# retrieval model over that KB (KB_SPECS); cached: the tool round of the same
+# turn against the largest KB asked for; litellm, portkey: the peers.
+SIDES = ("relay", "floor", "ragproxy", "rag-scifact", "rag-80k", "cached", "litellm", "portkey")
+DEFAULT_SIDES = ("relay", "ragproxy", "rag-scifact", "rag-80k", "cached", "litellm", "portkey")
+
+
+def side_payload(side, name, opts, upstream_port, model, stream):
+    port = side.child.port if side.child is not None else upstream_port
+    auth = peer_headers(side.peer, name, upstream_port)
+    if name == "claude":
+        return messages_bytes(port, opts.body_bytes, side.tool_round, auth)
+    return request_bytes(port, stream, opts.prompt_bytes, model, side.tool_round, auth)
 
 
 def run_scenario(name, targets, clients, opts, upstream):
-    """Run one scenario at one client count against every target; return result dicts."""
-    stream = name in ("stream", "events")
+    """Run one scenario at one client count against every target (Side); return result dicts."""
+    stream = name in ("stream", "events", "claude")
     stamped = name == "events"
     model = f"{STAMPED_MODEL_PREFIX}{opts.events}" if stamped else "bench-model"
     upstream.command(f"event_delay {opts.event_interval_ms / 1000.0 if stamped else 0}")
     upstream.command(f"think_time {opts.slow_ms / 1000.0 if name == 'slow' else 0}")
     # Rounds interleave the targets (direct, proxy, direct, proxy, ...) so a
     # burst of outside load on the machine hits both sides alike.
-    samples = {label: ([], [], [], [0, 0.0], {}) for label, _ in targets}
+    samples = {side.label: ([], [], [], [0, 0.0, 0], {}) for side in targets}
+    payloads = {side.label: side_payload(side, name, opts, upstream.port, model, stream) for side in targets}
     per_round = None if opts.requests is None else max(1, opts.requests // opts.rounds)
     for _ in range(opts.rounds):
-        for label, child in targets:
+        for side in targets:
+            child = side.child
             watch = {"upstream": upstream.pid}
             if child is not None:
                 watch["proxy"] = child.pid
             port = child.port if child is not None else upstream.port
-            payload = request_bytes(port, stream, opts.prompt_bytes, model)
-            lat, first, delays, errors, elapsed, cpu = run_load(
-                port, payload, clients, opts.seconds / opts.rounds, per_round, opts.warmup, stamped, watch)
-            all_lat, all_first, all_delays, totals, all_cpu = samples[label]
+            lat, first, delays, errors, elapsed, cpu, injected = run_load(
+                port, payloads[side.label], clients, opts.seconds / opts.rounds, per_round, opts.warmup, stamped,
+                watch)
+            all_lat, all_first, all_delays, totals, all_cpu = samples[side.label]
             all_lat += lat
             all_first += first
             all_delays += delays
             totals[0] += errors
             totals[1] += elapsed
+            totals[2] += injected
             for k, v in cpu.items():
                 all_cpu[k] = None if v is None or all_cpu.get(k, 0.0) is None else all_cpu.get(k, 0.0) + v
     results = []
-    for label, _ in targets:
-        lat, first, delays, (errors, elapsed), cpu = samples[label]
+    for label in (side.label for side in targets):
+        lat, first, delays, (errors, elapsed, injected), cpu = samples[label]
         n = len(lat)
         result = {
             "scenario": name, "clients": clients, "path": label, "requests": n, "errors": errors,
+            "injected": injected,
             "seconds": round(elapsed, 3), "rps": round(n / elapsed, 1) if elapsed > 0 else None,
             "p50_ms": _ms(percentile(lat, 50)), "p99_ms": _ms(percentile(lat, 99)),
             "first_p50_ms": _ms(percentile(first, 50)) if stream else None,
@@ -635,9 +908,12 @@ def _us(nanoseconds):
     return None if nanoseconds is None else round(nanoseconds / 1000.0, 1)
 
 
-def print_table(name, rows, opts):
+def print_table(name, rows, opts, absent=None):
+    W = max([20] + [len(r["path"]) + 2 for r in rows])  # noqa: N806
     titles = {
         "chat": "chat: non-stream chat completions, instant upstream; latency per request (ms)",
+        "claude": (f"claude: Claude Code /v1/messages, {opts.body_bytes // 1000} KB body (24 tools, 40 turns), "
+                   "streamed, instant upstream; time to the last byte and to the first event (ms)"),
         "slow": (f"slow: non-stream chat completions, upstream thinks {opts.slow_ms:g} ms (+-50%) per request; "
                  "latency minus that think time (ms)"),
         "stream": (f"stream: streaming chat completions ({len(CHAT_REPLY.split()) + 3} events back to back), "
@@ -648,23 +924,24 @@ def print_table(name, rows, opts):
     print()
     print(titles[name])
     if name == "events":
-        header = f"{'clients':>7}  {'path':<14}{'events':>8}{'p50':>9}{'p99':>9}{'added p50':>11}{'added p99':>11}"
+        header = f"{'clients':>7}  {'path':<{W}}{'events':>8}{'p50':>9}{'p99':>9}{'added p50':>11}{'added p99':>11}"
         print(header)
         for r in rows:
-            print(f"{r['clients']:>7}  {r['path']:<14}{r['events']:>8}{_fmt(r['event_p50_us'], '.1f'):>9}"
+            print(f"{r['clients']:>7}  {r['path']:<{W}}{r['events']:>8}{_fmt(r['event_p50_us'], '.1f'):>9}"
                   f"{_fmt(r['event_p99_us'], '.1f'):>9}"
                   f"{_fmt(r.get('added_event_p50_us'), '.1f', True) if 'added_event_p50_us' in r else '':>11}"
                   f"{_fmt(r.get('added_event_p99_us'), '.1f', True) if 'added_event_p99_us' in r else '':>11}")
+        _print_absent(absent)
         return
-    first = name == "stream"
-    header = (f"{'clients':>7}  {'path':<14}{'p50':>8}{'p99':>8}{'req/s':>9}"
+    first = name in ("stream", "claude")
+    header = (f"{'clients':>7}  {'path':<{W}}{'p50':>8}{'p99':>8}{'req/s':>9}"
               + (f"{'1st evt':>9}" if first else "")
               + f"{'added p50':>11}{'added p99':>11}{'proxy CPU/req':>15}")
     print(header)
     for r in rows:
         added = "added_p50_ms" in r
         cpu = r["cpu_us_per_req"].get("proxy")
-        line = (f"{r['clients']:>7}  {r['path']:<14}{_fmt(r['p50_ms']):>8}{_fmt(r['p99_ms']):>8}"
+        line = (f"{r['clients']:>7}  {r['path']:<{W}}{_fmt(r['p50_ms']):>8}{_fmt(r['p99_ms']):>8}"
                 f"{_fmt(r['rps'], '.0f'):>9}")
         if first:
             line += f"{_fmt(r['first_p50_ms']):>9}"
@@ -674,10 +951,99 @@ def print_table(name, rows, opts):
         if r["errors"]:
             line += f"  ({r['errors']} errors)"
         print(line)
+    _print_absent(absent)
+
+
+def _print_absent(absent):
+    for label, reason in (absent or {}).items():
+        print(f"{'':>7}  {label}: absent, {reason}")
 
 
 _YARDSTICKS = {"relay": "a bare TCP relay: what the extra hop costs by itself",
                "python-floor": "the least Python a proxy can run per request (--floor)"}
+
+
+def _pass_through(path):
+    return path in _YARDSTICKS or path in ("ragproxy", "ragproxy-pure") or re.fullmatch(r"compare-\d+", path)
+
+
+_PEERS = ("litellm", "portkey")
+
+
+def print_summary(results, opts, absent):
+    """The issue-20 table: every side's added p50 per body and client count, then capacity at the most clients."""
+    scenarios = [name for name in ("chat", "claude") if name in opts.scenario_list]
+    if not scenarios:
+        return
+    rows = {(r["scenario"], r["clients"], r["path"]): r for r in results}
+    paths = [r["path"] for r in results if r["scenario"] == scenarios[0] and r["clients"] == opts.client_counts[0]
+             and r["path"] != "direct"]
+    body = {"chat": "small", "claude": f"{opts.body_bytes // 1000} KB"}
+    cols = [(name, clients) for name in scenarios for clients in opts.client_counts]
+    width = max([24] + [len(p) + 2 for p in paths + list(absent)])
+    print()
+    print("added p50 over direct (ms), per body and clients; the same interleaved slices")
+    print(f"{'side':<{width}}" + "".join(f"{body[n] + ', ' + str(c):>14}" for n, c in cols))
+    for path in paths:
+        print(f"{path:<{width}}" + "".join(f"{_fmt(rows.get((n, c, path), {}).get('added_p50_ms'), '.2f', True):>14}"
+                                           for n, c in cols))
+    for label, reason in absent.items():
+        print(f"{label:<{width}}absent: {reason}")
+    most = max(opts.client_counts)
+    print()
+    print(f"at {most} clients: req/s, p99 (ms), p99 added over direct (ms), proxy CPU per request (us, "
+          "/proc utime+stime over the slice)")
+    print(f"{'side':<{width}}" + "".join(f"{body[n] + ' ' + what:>16}" for n in scenarios
+                                         for what in ("req/s", "p99", "+p99", "CPU/req")))
+    for path in ["direct"] + paths:
+        line = f"{path:<{width}}"
+        for n in scenarios:
+            r = rows.get((n, most, path), {})
+            cpu = (r.get("cpu_us_per_req") or {}).get("proxy")
+            line += (f"{_fmt(r.get('rps'), '.0f'):>16}{_fmt(r.get('p99_ms'), '.2f'):>16}"
+                     f"{_fmt(r.get('added_p99_ms'), '.2f', True) if 'added_p99_ms' in r else '':>16}"
+                     f"{_fmt(cpu, '.0f'):>16}")
+        print(line)
+
+
+def print_issue20(results, opts):
+    """Issue 20's targets, on the large body against the largest KB the run has."""
+    rows = {(r["scenario"], r["clients"], r["path"]): r for r in results}
+    paths = {r["path"] for r in results}
+    rag = next((p for p in ("rag-80k", "rag-scifact") if p in paths), None)
+    cached = next((p for p in ("cached-80k", "cached-scifact") if p in paths), None)
+    if "ragproxy" not in paths or not (rag or cached):
+        return
+    print()
+    print("issue 20 targets (claude body):" if "claude" in opts.scenario_list else "issue 20 targets:")
+    for name in [n for n in ("claude", "chat") if n in opts.scenario_list][:1]:
+        def added(clients, path):
+            return rows.get((name, clients, path), {}).get("added_p50_ms")
+
+        for clients in opts.client_counts:
+            base = added(clients, "ragproxy")
+            if base is None:
+                continue
+            if rag and added(clients, rag) is not None:
+                got = added(clients, rag)
+                if clients == 1:
+                    ok = got <= 1.0 and got <= base + 0.5
+                    want = f"<= +1.0 ms and <= pass-through {base:+.2f} + 0.5"
+                else:
+                    ok, want = got <= 2 * max(base, 0.0), f"<= 2x pass-through ({2 * base:+.2f})"
+                print(f"  {clients:>2} clients  {rag:<14} {got:+.2f} ms  {want}: {'met' if ok else 'MISSED'}")
+            if cached and added(clients, cached) is not None:
+                got = added(clients, cached)
+                ok = got <= base + 0.2
+                print(f"  {clients:>2} clients  {cached:<14} {got:+.2f} ms  <= pass-through {base:+.2f} + 0.2: "
+                      f"{'met' if ok else 'MISSED'}")
+    ours = [p for p in paths if p in ("ragproxy", rag, cached)]
+    for path in sorted(p for p in paths if p in _PEERS):
+        behind = [(r["scenario"], r["clients"], o) for r in results if r["path"] == path
+                  for o in ours if r.get("added_p50_ms") is not None
+                  and (rows.get((r["scenario"], r["clients"], o)) or {}).get("added_p50_ms", 0) > r["added_p50_ms"]]
+        print(f"  ragproxy ahead of {path} on every row: " + (
+            "met" if not behind else "MISSED on " + ", ".join(f"{s} {c} clients {o}" for s, c, o in behind)))
 
 
 def print_verdict(results, opts):
@@ -686,7 +1052,9 @@ def print_verdict(results, opts):
           "streaming holds no event back")
     relays = {(r["scenario"], r["clients"]): r for r in results if r["path"] == "relay"}
     for r in results:
-        where = f"  {r['scenario']:<7}{r['clients']:>3} clients  {r['path']:<14}"
+        if r["scenario"] == "claude" or not _pass_through(r["path"]):
+            continue   # the retrieval model, the peers and the large body: print_issue20 has their targets
+        where = f"  {r['scenario']:<7}{r['clients']:>3} clients  {r['path']:<20}"
         relay = relays.get((r["scenario"], r["clients"])) if r["path"] not in _YARDSTICKS else None
         key = "added_first_p50_ms" if r["scenario"] == "stream" else "added_p50_ms"
         beyond = ""
@@ -731,7 +1099,7 @@ def _py_spy_start(pid, out_path):
 
 def _parse_args(argv):
     p = argparse.ArgumentParser(description="Latency ragproxy adds in front of an LLM server (direct vs proxied).")
-    p.add_argument("--clients", default="1,16", help="comma-separated client counts (default 1,16)")
+    p.add_argument("--clients", default="1,8,16", help="comma-separated client counts (default 1,8,16)")
     p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run (default 3)")
     p.add_argument("--requests", type=int, default=None,
                    help="measure this many requests per run instead of --seconds")
@@ -739,8 +1107,23 @@ def _parse_args(argv):
                    help="split each run into this many slices, alternating direct and proxied (default 3)")
     p.add_argument("--warmup", type=float, default=0.3,
                    help="unmeasured seconds before each slice (default 0.3)")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS),
-                   help="any of %s (default: all)" % ",".join(SCENARIOS))
+    p.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
+                   help="any of %s, or all (default: %s)" % (",".join(SCENARIOS), ",".join(DEFAULT_SCENARIOS)))
+    p.add_argument("--sides", default=",".join(DEFAULT_SIDES),
+                   help="what runs beside direct, in the same slices: any of %s (default: %s; --floor and "
+                        "--no-relay add and remove those two)" % (",".join(SIDES), ",".join(DEFAULT_SIDES)))
+    p.add_argument("--body-bytes", type=int, default=120_000,
+                   help="size of the Claude Code body in 'claude' (default 120000)")
+    p.add_argument("--cache-dir", default=os.environ.get("RAGPROXY_BENCH_CACHE") or os.path.join(
+                       os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ragproxy-bench"),
+                   help="where the KBs are built once and bench/setup_peers.sh installs the peers "
+                        "(default $RAGPROXY_BENCH_CACHE or ~/.cache/ragproxy-bench)")
+    p.add_argument("--eval-dir", default=EVAL_DIR, help="the shared eval corpora (default ../shared/eval)")
+    p.add_argument("--kb-docs", type=int, default=0,
+                   help="take only the first N documents of each corpus (a small KB for a quick try)")
+    p.add_argument("--profile-side", default=None, metavar="LABEL",
+                   help="the side whose process --py-spy or --cprofile watches (default: the first ragproxy), "
+                        "e.g. rag-80k")
     p.add_argument("--slow-ms", type=float, default=20.0,
                    help="mean upstream think time in 'slow' (default 20)")
     mode = p.add_mutually_exclusive_group()
@@ -780,6 +1163,16 @@ def _parse_args(argv):
     if not opts.client_counts or min(opts.client_counts) < 1:
         p.error("--clients needs at least one count of 1 or more")
     opts.scenario_list = [s.strip() for s in opts.scenarios.split(",") if s.strip()]
+    if opts.scenario_list == ["all"]:
+        opts.scenario_list = list(SCENARIOS)
+    opts.side_set = {s.strip() for s in opts.sides.split(",") if s.strip()}
+    if opts.floor:
+        opts.side_set.add("floor")
+    if opts.no_relay:
+        opts.side_set.discard("relay")
+    unknown_sides = opts.side_set - set(SIDES)
+    if unknown_sides:
+        p.error(f"unknown side(s): {', '.join(sorted(unknown_sides))} (any of {', '.join(SIDES)})")
     unknown = set(opts.scenario_list) - set(SCENARIOS)
     if unknown:
         p.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
@@ -801,7 +1194,8 @@ def main(argv=None):
         return 0
 
     modes = [False, True] if opts.both else [opts.pure]
-    first_label = "ragproxy-pure" if modes[0] else "ragproxy"  # the process --py-spy / --cprofile watch
+    # The process --py-spy / --cprofile watch: the first ragproxy unless --profile-side names another.
+    profiled = first_label = opts.profile_side or ("ragproxy-pure" if modes[0] else "ragproxy")
     versions = {("ragproxy-pure" if pure else "ragproxy"): version_line(opts.python, opts.ragproxy, pure)
                 for pure in modes}
     cpus = os.cpu_count()
@@ -826,7 +1220,7 @@ def main(argv=None):
 
     workdir = tempfile.mkdtemp(prefix="ragproxy-bench-")
     upstream = proxies = spy = relay = floor = None
-    results = []
+    results, absent, kb_facts, peer_versions = [], {}, {}, {}
     try:
         upstream = Child([opts.python, os.path.abspath(__file__), "--role", "upstream"], dict(os.environ),
                          None, "fake upstream")
@@ -834,27 +1228,75 @@ def main(argv=None):
             return Child([opts.python, os.path.abspath(__file__), "--role", role, "--", str(upstream.port)],
                          dict(os.environ), None, role)
 
-        relay = None if opts.no_relay else yardstick("relay")
-        floor = yardstick("floor") if opts.floor else None
+        relay = yardstick("relay") if "relay" in opts.side_set else None
+        floor = yardstick("floor") if "floor" in opts.side_set else None
         proxies = []
-        for pure in modes:
-            proxies.append(start_proxy(opts.python, opts.ragproxy, upstream.port, workdir, pure,
-                                       opts.cprofile if not proxies else None))
-        if opts.py_spy:
-            spy = _py_spy_start(proxies[0].pid, opts.py_spy)
-            time.sleep(0.5)
-        targets = [("direct", None)] + ([("relay", relay)] if relay is not None else []) + (
-            [("python-floor", floor)] if floor is not None else []) + [
-            ("ragproxy-pure" if pure else "ragproxy", child) for pure, child in zip(modes, proxies)]
-        for i, path in enumerate(opts.compare, 1):
-            child = start_proxy(opts.python, path, upstream.port, workdir, modes[0], label=f"compare-{i}")
+        targets = [Side("direct")] + ([Side("relay", relay)] if relay is not None else []) + (
+            [Side("python-floor", floor)] if floor is not None else [])
+
+        def proxy(script, label, pure=False, kb=None):
+            child = start_proxy(opts.python, script, upstream.port, workdir, pure,
+                                opts.cprofile if label == profiled else None, label=label, kb=kb)
             proxies.append(child)
-            targets.append((f"compare-{i}", child))
+            return child
+
+        if "ragproxy" in opts.side_set:
+            for pure in modes:
+                label = "ragproxy-pure" if pure else "ragproxy"
+                targets.append(Side(label, proxy(opts.ragproxy, label, pure)))
+        scripts = [("", opts.ragproxy)] + [(f"compare-{i}-", path) for i, path in enumerate(opts.compare, 1)]
+        for i, path in enumerate(opts.compare, 1):
+            if "ragproxy" in opts.side_set:
+                targets.append(Side(f"compare-{i}", proxy(path, f"compare-{i}", modes[0])))
+        kbs = [name for name in KB_SPECS if f"rag-{name}" in opts.side_set]
+        cached_kb = (kbs or ["80k"])[-1] if "cached" in opts.side_set else None
+        for prefix, script in scripts:
+            for name in kbs + ([cached_kb] if cached_kb and cached_kb not in kbs else []):
+                labels = ([f"{prefix}rag-{name}"] if name in kbs else []) + (
+                    [f"{prefix}cached-{name}"] if name == cached_kb else [])
+                try:
+                    data_dir, section, facts = prepare_kb(name, opts, script, workdir)
+                except Absent as exc:
+                    absent.update((label, str(exc)) for label in labels)
+                    continue
+                kb_facts[name] = facts
+                child = proxy(script, labels[0], modes[0], (data_dir, section))
+                targets += [Side(label, child, tool_round=label.startswith(f"{prefix}cached-")) for label in labels]
+        for name in ("litellm", "portkey"):
+            if name not in opts.side_set:
+                continue
+            try:
+                info = find_peer(name, opts)
+                child = start_peer(name, info, upstream.port, opts, workdir)
+            except Absent as exc:
+                absent[name] = str(exc)
+                continue
+            except RuntimeError as exc:
+                absent[name] = f"did not start: {str(exc).splitlines()[0]}"
+                continue
+            peer_versions[name] = info
+            proxies.append(child)
+            targets.append(Side(name, child, peer=name))
+        for name, facts in kb_facts.items():
+            built = f", built in {facts['built_seconds']} s" if facts["built_seconds"] is not None else ""
+            print(f"  KB {name}: lexical, {facts['chunks']} chunks from {facts['docs']} documents of "
+                  f"{' + '.join(facts['corpora'])}, chunking {facts['chunking'] or 'default'} "
+                  f"(cache {facts['cache']}{built})")
+        for name, info in peer_versions.items():
+            print(f"  {name} {info['version']}: {info['command']}")
+        for label, reason in absent.items():
+            print(f"  {label}: absent, {reason}")
+        if opts.py_spy:
+            watched = next((side.child for side in targets if side.label == profiled), None)
+            if watched is None:
+                raise SystemExit(f"--profile-side {profiled}: no such side in this run")
+            spy = _py_spy_start(watched.pid, opts.py_spy)
+            time.sleep(0.5)
         for name in opts.scenario_list:
             rows = []
             for clients in opts.client_counts:
                 rows += run_scenario(name, targets, clients, opts, upstream)
-            print_table(name, rows, opts)
+            print_table(name, rows, opts, absent)
             sys.stdout.flush()
             results += rows
     finally:
@@ -873,6 +1315,8 @@ def main(argv=None):
             upstream.stop(None)
         shutil.rmtree(workdir, ignore_errors=True)
     print_verdict(results, opts)
+    print_summary(results, opts, absent)
+    print_issue20(results, opts)
     if opts.py_spy:
         print(f"\npy-spy samples of the {first_label} process: {opts.py_spy}")
     if opts.cprofile:
@@ -884,8 +1328,10 @@ def main(argv=None):
                           "load_average_before": load,
                           "options": {"seconds": opts.seconds, "requests": opts.requests, "rounds": opts.rounds,
                                       "warmup": opts.warmup, "slow_ms": opts.slow_ms,
-                                      "prompt_bytes": opts.prompt_bytes, "events": opts.events,
+                                      "prompt_bytes": opts.prompt_bytes, "body_bytes": opts.body_bytes,
+                                      "events": opts.events,
                                       "event_interval_ms": opts.event_interval_ms},
+                          "kbs": kb_facts, "peers": peer_versions, "absent": absent,
                           "results": results}, separators=(",", ":")))
     return 0
 

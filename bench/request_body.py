@@ -64,6 +64,77 @@ def claude_code_body(size, seed=5):
     return json.dumps(body, ensure_ascii=False).encode("utf-8")
 
 
+# The new human turn of the agent-loop body: words a coding question shares with
+# both shared eval corpora (SciFact abstracts, CoSQA code), so a lexical KB over
+# either finds and injects something, as a real KB over a user's docs would.
+AGENT_PROMPT = ("The test for the gene expression parser fails: python reads the csv file of protein levels, "
+                "but the function returns an empty list when the cell type column is missing. Find out why, "
+                "fix it, and add a test that covers a file without that column.")
+_REMINDER = ("<system-reminder>\nAs you answer the user's questions, you can use the following context:\n"
+             "# important-instruction-reminders\nDo what has been asked; nothing more, nothing less.\n"
+             "</system-reminder>\n")
+
+
+def agent_loop_body(size=120_000, tools=24, turns=40, tool_round=False, model="claude-sonnet-4-5",
+                    prompt=AGENT_PROMPT, seed=5):
+    """A Claude Code /v1/messages body of about ``size`` bytes: ``tools`` tools and ``turns`` messages.
+
+    The messages are an agent loop's history: the first human turn, then
+    assistant tool calls and their results in pairs, and last a new human turn
+    (a ``<system-reminder>`` block, then ``prompt``): the first request of a
+    turn, which retrieves.  ``tool_round`` appends one more tool call and its
+    result: the next round of that same turn, which may reuse what the first
+    got.  Fixed seed: the same arguments give the same bytes.
+    """
+    pairs = max(0, (turns - 2) // 2)
+
+    def build(share, tool_round=False):
+        rng = random.Random(seed)
+        vocabulary = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9)))
+                      for _ in range(3000)]
+
+        def text(n):
+            return " ".join(rng.choice(vocabulary) for _ in range(max(1, n // 6)))
+
+        def human(words):
+            return {"role": "user", "content": [
+                {"type": "text", "text": _REMINDER},
+                {"type": "text", "text": words, "cache_control": {"type": "ephemeral"}}]}
+
+        def call(i, n):
+            return {"role": "assistant", "content": [
+                {"type": "text", "text": text(n // 3)},
+                {"type": "tool_use", "id": f"toolu_{i:024d}", "name": f"tool_{i % tools}",
+                 "input": {"arg": text(n // 3)}}]}
+
+        def result(i, n):
+            return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i:024d}",
+                                                 "content": text(n)}]}
+
+        body = {"model": model, "messages": [], "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197"},
+            {"type": "text", "text": text(size // 8), "cache_control": {"type": "ephemeral"}}],
+            "tools": [{"name": f"tool_{i}", "description": text(size // 100),
+                       "input_schema": {"type": "object", "properties": {"arg": {"type": "string",
+                                                                                 "description": text(60)}},
+                                        "required": ["arg"]}} for i in range(tools)],
+            "metadata": {"user_id": json.dumps({"session": "bench"})}, "max_tokens": 32000,
+            "thinking": {"type": "adaptive"}, "stream": True}
+        body["messages"].append(human(text(share)))
+        for i in range(pairs):
+            body["messages"] += [call(i, share), result(i, share)]
+        body["messages"].append(human(prompt))
+        if tool_round:
+            body["messages"] += [call(pairs, 600), result(pairs, 600)]
+        return json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+    # The history takes what the system prompt and the tools leave: the body's
+    # size grows about linearly with each message's share, so two probes say
+    # what share fills it (the tool round's two messages come on top).
+    base, probe = len(build(0)), len(build(6000))
+    return build(max(0, int(6000 * (size - base) / max(1, probe - base))), tool_round)
+
+
 def median_us(fn, repeat):
     fn()
     times = []

@@ -259,7 +259,8 @@ def test_startup_times_every_form_and_temperature_beside_a_bare_python(tmp_path)
 
 def test_proxy_overhead_runs_every_side_with_a_compare_copy():
     proc = run_script("proxy_overhead.py", "--scenarios", "chat,stream", "--clients", "1", "--requests", "20",
-                      "--rounds", "2", "--warmup", "0", "--json", "--floor", "--compare", ragproxy.__file__)
+                      "--rounds", "2", "--warmup", "0", "--json", "--floor", "--compare", ragproxy.__file__,
+                      "--sides", "relay,ragproxy")
     assert proc.returncode == 0, proc.stderr
     (report,) = last_json(proc.stdout)
     rows = {(r["scenario"], r["path"]): r for r in report["results"]}
@@ -270,6 +271,40 @@ def test_proxy_overhead_runs_every_side_with_a_compare_copy():
         assert "added_p50_ms" in rows[(scenario, "compare-1")]
     assert rows[("stream", "ragproxy")]["first_p50_ms"] is not None
     assert "compare-1: " + ragproxy.__file__ in proc.stdout
+
+
+def test_proxy_overhead_runs_the_large_body_the_retrieval_model_and_says_which_peers_are_absent(tmp_path):
+    # A small KB (the first 40 SciFact abstracts) in a cache of the test's own, where no peer is installed.
+    proc = run_script("proxy_overhead.py", "--scenarios", "chat,claude", "--clients", "1,2", "--requests", "10",
+                      "--rounds", "1", "--warmup", "0", "--json", "--kb-docs", "40", "--cache-dir", str(tmp_path),
+                      "--sides", "ragproxy,rag-scifact,cached,litellm,portkey")
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    rows = {(r["scenario"], r["clients"], r["path"]): r for r in report["results"]}
+    assert {path for _, _, path in rows} == {"direct", "ragproxy", "rag-scifact", "cached-scifact"}
+    for scenario in ("chat", "claude"):
+        for clients in (1, 2):
+            for path in ("ragproxy", "rag-scifact", "cached-scifact"):
+                row = rows[(scenario, clients, path)]
+                assert row["errors"] == 0 and row["requests"] >= 10 and "added_p99_ms" in row
+            # The retrieval sides put context into every request; pass-through into none.
+            assert rows[(scenario, clients, "rag-scifact")]["injected"] == rows[(scenario, clients, "rag-scifact")][
+                "requests"]
+            assert rows[(scenario, clients, "cached-scifact")]["injected"] > 0
+            assert rows[(scenario, clients, "ragproxy")]["injected"] == 0
+    assert report["options"]["body_bytes"] == 120000
+    assert report["kbs"]["scifact"]["docs"] == 40 and report["kbs"]["scifact"]["chunks"] >= 40
+    assert set(report["absent"]) == {"litellm", "portkey"} and report["peers"] == {}
+    assert "litellm: absent, not installed" in proc.stdout and "portkey: absent" in proc.stdout
+    assert "added p50 over direct" in proc.stdout and "issue 20 targets" in proc.stdout
+    # A second run finds the KB in the cache instead of building it again.
+    again = run_script("proxy_overhead.py", "--scenarios", "chat", "--clients", "1", "--requests", "5", "--rounds",
+                       "1", "--warmup", "0", "--json", "--kb-docs", "40", "--cache-dir", str(tmp_path), "--sides",
+                       "rag-scifact")
+    assert again.returncode == 0, again.stderr
+    (second,) = last_json(again.stdout)
+    assert second["kbs"]["scifact"]["built_seconds"] is None
+    assert second["kbs"]["scifact"]["cache"] == report["kbs"]["scifact"]["cache"]
 
 
 # -- sse_relay.py ---------------------------------------------------------------------
