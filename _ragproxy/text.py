@@ -506,7 +506,9 @@ class BM25Index:
     """
 
     #: Postings below which a loaded index scores in pure Python rather than import numpy for it:
-    #: the pure path sums ~10 million postings a second here, importing numpy takes ~50 ms.
+    #: the pure path sums ~10 million postings a second here, importing numpy takes ~50 ms.  They
+    #: add up over the index's queries, so a server, whose queries pay for the import many times
+    #: over, goes over to numpy after about that long in the pure path, and a one-shot search stays.
     NUMPY_MIN_POSTINGS = 500_000
 
     def __init__(self, vocab, indptr, doc_ids, weights, max_weights, n_docs,
@@ -524,6 +526,7 @@ class BM25Index:
         # numpy arrays in, numpy scoring; views of loaded files choose per query (see _numpy_for).
         self._np = np if (np is not None and isinstance(weights, np.ndarray)) else None
         self._np_views = None
+        self._pure_postings = 0   # summed in pure Python so far, numpy not imported (NUMPY_MIN_POSTINGS)
 
     def __len__(self):
         return self.n_docs
@@ -697,7 +700,9 @@ class BM25Index:
         np = deps.probed("np")
         if np is None:
             indptr = self.indptr
-            if sum(indptr[tid + 1] - indptr[tid] for _, tid, _ in terms) < self.NUMPY_MIN_POSTINGS:
+            # Not locked: a count two threads both add to at once only comes out a little low.
+            self._pure_postings += sum(indptr[tid + 1] - indptr[tid] for _, tid, _ in terms)
+            if self._pure_postings < self.NUMPY_MIN_POSTINGS:
                 return None
             np = deps.np
             if np is None:
@@ -732,11 +737,15 @@ class BM25Index:
                     theta = max(theta, float(np.partition(part, len(part) - top_k)[len(part) - top_k]))
                     if theta > rest[j] * (1 + _BOUND_SLACK):
                         cands = np.flatnonzero(scores >= theta - rest[j] * (1 + _BOUND_SLACK))
-            else:
+            elif len(cands) * 8 < hi - lo:
                 pos = np.searchsorted(docs, cands)
                 np.minimum(pos, len(docs) - 1, out=pos)
                 hit = docs[pos] == cands
                 scores[cands[hit]] += w[pos[hit]]
+            else:
+                # Candidates many for this term's postings: adding all of them costs less
+                # than finding the candidates' (a document out of the running stays so).
+                scores[docs] += w
         if cands is None:
             cands = np.flatnonzero(scores)
         cs = scores[cands]
@@ -870,6 +879,10 @@ class TermTable(collections.abc.Mapping):
         if len(self._offsets) != len(self._ids) + 1 or (len(self._ids) and self._offsets[-1] != len(self._blob)):
             raise ValueError("%s: the BM25 term table files do not match each other" % dirpath)
         self._all = None
+        self._seen = {}   # term -> id (or None) for terms looked up: a server's queries repeat them
+
+    #: Terms _seen holds at most before it starts again.
+    SEEN_MAX = 65536
 
     @staticmethod
     def write(dirpath, vocab):
@@ -884,6 +897,17 @@ class TermTable(collections.abc.Mapping):
     def get(self, term, default=None):
         if self._all is not None:
             return self._all.get(term, default)
+        seen = self._seen
+        if term in seen:
+            tid = seen[term]
+            return default if tid is None else tid
+        if len(seen) >= self.SEEN_MAX:
+            seen.clear()
+        tid = seen[term] = self._find(term)
+        return default if tid is None else tid
+
+    def _find(self, term):
+        """``term``'s id by a binary search over the files, or None."""
         key = term.encode("utf-8", "surrogatepass")
         blob, offsets = self._blob, self._offsets
         lo, hi = 0, len(self._ids)
@@ -895,7 +919,7 @@ class TermTable(collections.abc.Mapping):
                 hi = mid
         if lo < len(self._ids) and blob[offsets[lo]:offsets[lo + 1]] == key:
             return self._ids[lo]
-        return default
+        return None
 
     def __getitem__(self, term):
         tid = self.get(term)

@@ -469,3 +469,36 @@ def test_load_rejects_mismatched_files(tmp_path):
     (tmp_path / "bm25.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a BM25 index"):
         BM25Index.load(str(tmp_path))
+
+
+@needs_numpy
+def test_a_loaded_index_goes_over_to_numpy_once_its_queries_have_summed_enough_postings(tmp_path, monkeypatch):
+    """A server's queries pay for importing numpy between them: the postings add up over queries."""
+    docs, queries = random_corpus(7)
+    BM25Index.build(docs).save(str(tmp_path))
+    index = BM25Index.load(str(tmp_path))
+    monkeypatch.delitem(deps.__dict__, "np")   # numpy not imported yet, as in a fresh process
+    want = [BM25Index.load(str(tmp_path)).search(query, 10) for query in queries[:20]]
+    assert deps.probed("np") is None
+    postings = [sum(index.doc_freq(t) for t in set(query)) for query in queries[:20]]
+    index.NUMPY_MIN_POSTINGS = sum(postings[:3]) + 1
+    assert postings[3] < index.NUMPY_MIN_POSTINGS   # the fourth query alone would not pay for it
+    got = []
+    for n, query in enumerate(queries[:20]):
+        got.append(index.search(query, 10))
+        assert (index._np_views is not None) == (n >= 3), n
+    assert got == want
+    assert index._np_views is not None and deps.probed("np") is numpy
+
+
+def test_term_table_lookups_stay_right_when_remembered_and_when_forgotten(tmp_path):
+    docs, _ = random_corpus(3)
+    built = BM25Index.build(docs)
+    built.save(str(tmp_path))
+    table = BM25Index.load(str(tmp_path)).vocab
+    assert isinstance(table, TermTable)
+    table.SEEN_MAX = 5   # starts again every few terms
+    terms = sorted(built.vocab)[:40] + ["no-such-term", "\u00e9t\u00e9"]
+    for _ in range(2):   # looked up afresh, then remembered
+        assert [table.get(t) for t in terms] == [built.vocab.get(t) for t in terms]
+        assert table.get("no-such-term", -1) == -1 and "no-such-term" not in table
