@@ -1072,7 +1072,8 @@ def run_chroma_scifact(args, rp, binary):
     for mode in simple["modes"]:
         a, c = simple["modes"][mode], chroma["modes"].get(mode, {})
         same = c.get("ndcg@10") is not None and round(a["ndcg@10"], 3) == round(c["ndcg@10"], 3)
-        rows.append((mode, a["ndcg@10"], c.get("ndcg@10"), "yes" if same else "NO", a["search10_p50_ms"],
+        rows.append((mode, f"{a['ndcg@10']:.4f}", "-" if c.get("ndcg@10") is None else f"{c['ndcg@10']:.4f}",
+                     "yes" if same else "NO", a["search10_p50_ms"],
                      a["search10_p99_ms"], c.get("search10_p50_ms"), c.get("search10_p99_ms")))
         sides.setdefault("match_3_decimals", {})[mode] = same
     print_table(("mode", "nDCG@10 built-in", "nDCG@10 chroma", "same to 3 dp", "built-in p50 ms", "p99",
