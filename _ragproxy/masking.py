@@ -2,7 +2,7 @@
 
 The secrets are the clients' ``api_keys``, the providers' ``api_key`` and
 those of their extra ``headers`` whose names say they carry a credential
-(Authorization, X-Api-Key, Cookie, ...).  mask_secret shows enough of one to
+(Authorization, X-Api-Key, Cookie, ...), and the Chroma server's ``token``.  mask_secret shows enough of one to
 recognise it (``sk-••••wxyz``), not to use it; an ``${VAR}`` reference is no
 secret and is shown as written.
 
@@ -83,6 +83,10 @@ def secret_paths(data):
             for header, value in (headers.items() if isinstance(headers, dict) else ()):
                 if isinstance(value, str) and is_secret_header(header):
                     found.append((("providers", kind, name, "headers", header), value))
+    store = data.get("vectorstore")
+    chroma = store.get("chroma_http") if isinstance(store, dict) else None
+    if isinstance(chroma, dict) and isinstance(chroma.get("token"), str):
+        found.append((("vectorstore", "chroma_http", "token"), chroma["token"]))
     return [(path, value) for path, value in found if value]
 
 

@@ -44,7 +44,7 @@ from .api import (
 from .config import ModelRoute, Provider, key_allows_kb, key_allows_model
 from .jsonbody import json_object_of, with_edits, with_model
 from .kb import KnowledgeBases
-from .metrics import Metrics
+from .metrics import Metrics, store_samples
 from .ollama import translate_ollama_call
 from .reqlog import DEFAULT_REQUEST_LOG_PATH, RequestLog
 from .retrieval import RetrievalFailed, Retriever, split_model_kbs
@@ -93,6 +93,7 @@ class Exchange:
     kb_override: list = None   # from a "model+kb1+kb2" name
     retrieval: dict = None     # what retrieval did, for the request log
     key: dict = None           # the caller's api_keys entry (None: api_key_auth is off); its scope binds retrieval
+    members: object = None     # a jsonbody.Members of request.body a rewriter found (the splice reuses it)
 
 
 @dataclasses.dataclass
@@ -229,6 +230,7 @@ class App:
             out += [("ragproxy_kb_chunks", {"kb": name}, stats["chunks"]),
                     ("ragproxy_kb_bytes", {"kb": name}, stats["bytes"]),
                     ("ragproxy_indexing_progress", {"kb": name}, progress)]
+            out += store_samples(name, stats.get("store"))
         if self.request_log is not None:
             out.append(("ragproxy_request_log_dropped_total", {}, self.request_log.dropped))
         return out
@@ -414,7 +416,7 @@ class App:
                 body = json_bytes(payload)
             elif exchange.edits:
                 paths = exchange.edits + (("model",),) if renamed else exchange.edits
-                body = with_edits(body, payload, paths) or json_bytes(payload)
+                body = with_edits(body, payload, paths, exchange.members) or json_bytes(payload)
             elif renamed:
                 body = with_model(body, sent_model, upstream_model) or json_bytes(payload)
         except RecursionError:  # nesting json parsed with a few levels to spare, and cannot encode again
