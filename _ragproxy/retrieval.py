@@ -114,6 +114,16 @@ class Retrieved:
     context: str = ""
     replaces_question: bool = False
     chunks: tuple = ()      # the rendered chunk dicts, screened: a budget cut renders fewer of them
+    counted: tuple = ()     # (text, its tokens) once counted: every later round of the turn reuses it
+
+    def tokens(self, count_tokens):
+        """``count_tokens(self.text)``, counted once per text (a copy with another text counts again)."""
+        counted = self.counted
+        if counted and counted[0] is self.text:
+            return counted[1]
+        tokens = count_tokens(self.text) if self.text else 0
+        self.counted = (self.text, tokens)
+        return tokens
 
 
 # A guardrail refusal: the request is well formed and the client authorised,
@@ -603,7 +613,7 @@ class Retriever:
             exchange.edits += edits
             exchange.response_headers.append(("X-Ragproxy-Sources", ",".join(found.sources)))
         stages["total"] = clock() - started
-        tokens = self.count_tokens(found.text) if found.text else 0
+        tokens = found.tokens(self.count_tokens)
         if found.replaces_question and tokens:  # the person's words were there already
             tokens = max(0, tokens - self.count_tokens(question))
         exchange.retrieval.update(sources=found.sources, hits=found.hits, ms=stages["total"] * 1000.0,

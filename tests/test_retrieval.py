@@ -4,6 +4,7 @@ The fake upstream answers "FOUND: <sentence>" only when that sentence reached
 it, so a passing test proves the passage was retrieved and injected.
 """
 import copy
+import dataclasses
 import json
 import logging
 import socket
@@ -15,7 +16,7 @@ import openai
 import pytest
 
 import ragproxy
-from _ragproxy import embeddings, jsonbody
+from _ragproxy import embeddings, jsonbody, retrieval
 from conftest import API_KEY, logged_rows, proxy_config
 
 SECRET = "the purple elephant sings at midnight"
@@ -793,3 +794,53 @@ def without_cache_control(value):
     if isinstance(value, dict):
         return {k: without_cache_control(v) for k, v in value.items() if k != "cache_control"}
     return [without_cache_control(v) for v in value] if isinstance(value, list) else value
+
+
+def test_a_turns_context_is_counted_once_for_all_its_rounds():
+    calls = []
+
+    def count(text):
+        calls.append(text)
+        return len(text.split())
+
+    found = retrieval.Retrieved("two words", ("a",), "retrieved")
+    assert [found.tokens(count) for _ in range(3)] == [2, 2, 2] and calls == ["two words"]
+    other = dataclasses.replace(found, text="now three words")   # a budget cut, stale reuse: another text
+    assert other.tokens(count) == 3 and found.tokens(count) == 2 and len(calls) == 2
+    assert retrieval.Retrieved("", (), "degraded").tokens(count) == 0 and len(calls) == 2
+
+
+def test_hybrid_the_query_embedding_is_the_only_extra_call_and_a_repeated_query_makes_none(make_proxy, fake,
+                                                                                          data_dir):
+    """Two hybrid KBs on one embedding provider, under the retrieval time limit (a Deadline on
+    every search): a question costs one embedding request, whichever model, KB list or round
+    asks it again costs none, and nothing else is called."""
+    fake.secrets = [SECRET]
+    extra_kb = "  vec:\n    retrieval: hybrid\n    embedding: emb\n  vec2:\n    retrieval: hybrid\n    embedding: emb\n"
+    config = kb_config(fake.url, kbs="vec, vec2", extra_kb=extra_kb, rag="  timeout_ms: 5000\n")
+    config = config.replace("providers:\n", f'providers:\n  embedding:\n    emb: {{type: openai, base_url: '
+                                            f'"{fake.url}/v1", model: fake-embed}}\n', 1)
+    config = config.replace('  - {name: "*"', '  - {name: "solo", upstream: [oa], kb: [vec2], timeout_ms: 800}\n'
+                                              '  - {name: "*"', 1)
+    _vec_dir(data_dir)
+    (data_dir / "documents" / "vec2").mkdir()
+    (data_dir / "documents" / "vec2" / "keys.py").write_text(CODE)
+    p = make_proxy(config, data_dir=data_dir)
+    p.app.knowledge_bases.index_all()
+    client = _openai(p)
+
+    def calls(messages, model="llama3"):
+        before = len(fake.requests)
+        reply = client.chat.completions.create(model=model, messages=messages)
+        paths = [r.path for r in fake.requests[before:]]
+        return reply, paths.count("/v1/embeddings"), [path for path in paths if path != "/v1/embeddings"]
+
+    asked = [{"role": "user", "content": "what does the purple elephant do"}]
+    reply, embedded, others = calls(asked)
+    assert reply.choices[0].message.content == "FOUND: " + SECRET
+    assert (embedded, others) == (1, ["/v1/chat/completions"])   # one query vector for both KBs
+    assert calls(asked)[1:] == (0, ["/v1/chat/completions"])     # a new chat asking it again
+    assert calls(asked, "solo")[1:] == (0, ["/v1/chat/completions"])   # another model, KB list and time limit
+    assert calls([{"role": "user", "content": "which kettle whistles"}])[1] == 1
+    outcomes = [row["outcome"] for row in logged_rows(p.app, 4)][::-1]
+    assert outcomes == ["retrieved"] * 4
