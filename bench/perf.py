@@ -987,7 +987,7 @@ def _scifact_side(args, rp, ev, store, data_dir, embed_url, chroma_url, prefix, 
     if store == "chroma_http":
         with open(config_path, "a", encoding="utf-8") as f:
             f.write(f"vectorstore:\n  type: chroma_http\n  chroma_http:\n    base_url: {json.dumps(chroma_url)}\n"
-                    f"    collection_prefix: {json.dumps(prefix)}\n")
+                    f"    collection_prefix: {json.dumps(prefix)}\n    timeout: 600\n")
     argv = ["import", SCIFACT_KB, corpus_path, "--data-dir", data_dir, "--config", config_path,
             "--log-level", "WARNING"]
     started = time.perf_counter()
