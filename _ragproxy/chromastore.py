@@ -95,6 +95,7 @@ class ChromaStore(VectorStore):
         self._commit = None     # the commit record last read or written
         self._dirty = False     # this run set the dirty flag (or found it set) and has not committed
         self._leased_at = None  # when this process last wrote the lease, if it holds it
+        self.answered = None    # whether the server answered the last check()
 
     # -- plumbing --
 
@@ -115,19 +116,18 @@ class ChromaStore(VectorStore):
         if self._ids is not None:
             return True
         self._call("connecting", self.client.check)
-        found = [self._call("looking up a collection", self.client.get_collection, name)
-                 for name in (self.collection, self.files_collection)]
+        names, roles = (self.collection, self.files_collection), ("chunks", "files")
+        found = [self._call("looking up a collection", self.client.get_collection, name) for name in names]
+        for doc, role in zip(found, roles):
+            if doc is not None:  # checked before anything is created: another tool's collection stays as it was
+                self._check_marker(doc, role)
         if None in found:
             if not create:
-                for doc in found:
-                    if doc is not None:
-                        self._check_marker(doc, "chunks" if doc["name"] == self.collection else "files")
                 return False
-            found = [doc or self._create(name, role)
-                     for doc, name, role in zip(found, (self.collection, self.files_collection), ("chunks", "files"))]
+            found = [doc or self._create(name, role) for doc, name, role in zip(found, names, roles)]
+            for doc, role in zip(found, roles):  # a creator racing us may have made it first, its own way
+                self._check_marker(doc, role)
         chunks, files = found
-        self._check_marker(chunks, "chunks")
-        self._check_marker(files, "files")
         self._meta = dict(chunks["metadata"])
         self._dim = int(self._meta.get("ragproxy_dim", -1))
         if chunks.get("dimension") and self._dim > 0 and chunks["dimension"] != self._dim:
@@ -400,12 +400,15 @@ class ChromaStore(VectorStore):
         started = time.perf_counter()
         out = {"ok": False, "message": "", "latency_ms": None, "version": None, "collection": self.collection,
                "vectors": None}
+        self.answered = False
         try:
             info = self.client.check()
         except ChromaError as exc:
             log.warning("kb %s: Chroma at %s: %s", self.kb, loggable_url(self.client.base_url), exc)
             out["message"] = str(exc)
+            self.answered = not exc.unreachable
             return out
+        self.answered = True
         out.update(latency_ms=info.get("latency_ms", (time.perf_counter() - started) * 1000.0),
                    version=info.get("version"))
         try:
@@ -466,7 +469,7 @@ class ChromaKB:
         if out["ok"]:
             self._ok(out["vectors"])
         else:
-            self._status.update(reachable=out["latency_ms"] is not None, error=out["message"],
+            self._status.update(reachable=self.store.answered, error=out["message"],
                                 checked_at=self.clock())
         return out
 
@@ -489,6 +492,22 @@ class ChromaKB:
         mine = self._guard(lambda: self.store.open(create=True) and self.store.acquire_lease())
         self.role = "indexer" if mine else "replica"
         return mine
+
+    def poll(self, sync):
+        """The indexer thread's look every sync_interval; True when this process just became the indexer.
+
+        A replica calls ``sync`` (its knowledge base's, which takes the index
+        lock); an indexer renews its lease.  Store failures are in status().
+        """
+        try:
+            was = self.role
+            if self.may_index():
+                return was != "indexer"
+            if sync():
+                log.info("kb %s: mirror brought up to Chroma commit %s", self.name, self.synced)
+        except VectorStoreError:
+            pass  # logged when the store's state changed
+        return False
 
     def release(self):
         self.store.release_lease()

@@ -1017,25 +1017,14 @@ class KnowledgeBases:
             # KBs on Chroma are polled more often: a replica syncs its mirror, an indexer renews its lease.
             polls = [kb.spec.store.sync_interval for kb in self.kbs.values() if kb.chroma is not None]
             for kb in list(self.kbs.values()):
-                self._poll_store(kb)
+                if kb.chroma is not None and kb.chroma.poll(kb.sync):
+                    self._wake.set()  # it just became the indexer: index now, not in index_interval
             self._wake.wait(min([interval - (self.clock() - last)] + polls))
         for kb in list(self.kbs.values()):
             if kb.chroma is not None:
                 with contextlib.suppress(VectorStoreError):
                     kb.chroma.release()  # a clean stop hands the indexer's lease on at once
 
-    def _poll_store(self, kb):
-        if kb.chroma is None:
-            return
-        try:
-            was = kb.chroma.role
-            if kb.chroma.may_index():
-                if was != "indexer":
-                    self._wake.set()  # it just became the indexer: index now, not in index_interval
-            elif kb.sync():
-                log.info("kb %s: mirror brought up to Chroma commit %s", kb.spec.name, kb.chroma.synced)
-        except VectorStoreError:
-            pass  # logged when the store's state changed; store_status() shows it
 
     def stop(self, wait=None):
         """Stop the indexer after its current run; ``wait`` seconds at most for it to end (None: not at all)."""
@@ -1053,17 +1042,6 @@ def _log_undeclared(name, where, documents_dir):
             documents_dir + os.sep, f" (or did you mean {close!r}?)" if close else "")
 
 
-def _store_spec(choice, stores):
-    """The StoreSpec of a KB whose ``vectorstore`` is ``choice`` ("": the global type), from the global block."""
-    kind = choice or stores.get("type") or "simple"
-    if kind != "chroma_http":
-        return StoreSpec()
-    block = stores.get("chroma_http") or {}
-    defaults = StoreSpec()
-    return StoreSpec(type=kind, **{field: block.get(field, getattr(defaults, field)) for field in (
-        "base_url", "tenant", "database", "collection_prefix", "indexer", "timeout", "sync_interval", "token")})
-
-
 def _kb_spec(name, raw, redact=(), stores=None):
     chunking, bm25, weights = raw["chunking"], raw["bm25"], raw["weights"]
     return KBSpec(name=name, sources=tuple(raw["sources"]), include=tuple(raw["include"]),
@@ -1072,4 +1050,4 @@ def _kb_spec(name, raw, redact=(), stores=None):
                   chunk_overlap=chunking["chunk_overlap"], k1=bm25["k1"], b=bm25["b"],
                   max_file_bytes=raw["max_file_bytes"], lexical_weight=weights["lexical"],
                   dense_weight=weights["dense"], fusion=raw["fusion"], compact=raw["compact"], redact=redact,
-                  store=_store_spec(raw.get("vectorstore", ""), stores or {}))
+                  store=StoreSpec.from_config(raw.get("vectorstore", ""), stores or {}))

@@ -60,6 +60,19 @@ class StoreSpec:
     sync_interval: float = 1.0
     token: str = dataclasses.field(default="", repr=False)  # a secret: kept out of reprs and logs
 
+    @classmethod
+    def from_config(cls, choice, stores):
+        """The spec of a KB whose ``vectorstore`` is ``choice`` ("": the global ``vectorstore.type``).
+
+        ``stores`` is the config's ``vectorstore`` block; a KB on chroma_http takes its ``chroma_http`` keys.
+        """
+        kind = choice or stores.get("type") or "simple"
+        if kind != "chroma_http":
+            return cls()
+        block = stores.get("chroma_http") or {}
+        names = ("base_url", "tenant", "database", "collection_prefix", "indexer", "timeout", "sync_interval", "token")
+        return cls(type=kind, **{n: block[n] for n in names if n in block})
+
     def __post_init__(self):
         if self.type not in STORE_TYPES:
             raise ValueError(f"vector store type must be one of {', '.join(STORE_TYPES)}, not {self.type!r}")
