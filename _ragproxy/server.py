@@ -382,13 +382,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             for data in response.chunks:
                 if data:
                     send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+            # Unwatched before the last bytes go: once they are out the client
+            # sends its next request, which woke the watcher's thread for
+            # nothing (a select, a peek and an unregister under the GIL per stream).
+            hangups.unwatch(self.connection)
             if chunked:
                 send(b"0\r\n\r\n")
         except OSError as exc:  # the client went away: stop the upstream now
             log.debug("client %s disconnected mid-stream: %s", self.address_string(), exc)
             self.close_connection = True
         finally:
-            hangups.unwatch(self.connection)
+            hangups.unwatch(self.connection)  # a no-op unless the stream broke off
             response.close()
             with contextlib.suppress(Exception):
                 response.chunks.close()
@@ -438,23 +442,36 @@ class _HangupWatcher:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._thread = None
         self._closed = False
+        self._watched = set()  # the sockets registered, beside the wake-up one
 
     def watch(self, sock, on_hangup):
+        """Call ``on_hangup()`` if ``sock``'s peer closes; True if it is watched now."""
         with self._lock:
             if self._closed:
-                return
+                return False
             try:
                 self._selector.register(sock, selectors.EVENT_READ, on_hangup)
             except (KeyError, ValueError, OSError):
-                return  # already watched, or already closed
+                return False  # already watched, or already closed
+            self._watched.add(sock)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ragproxy-hangups", daemon=True)
                 self._thread.start()
+            return True
 
     def unwatch(self, sock):
         with self._lock:
-            with contextlib.suppress(KeyError, ValueError, OSError):
-                self._selector.unregister(sock)
+            # The set, not the selector's KeyError, says whether it is still
+            # watched: that error formats the socket's repr, per stream.
+            if sock in self._watched:
+                self._watched.discard(sock)
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self._selector.unregister(sock)
+
+    def watching(self):
+        """How many sockets are watched now."""
+        with self._lock:
+            return len(self._watched)
 
     def close(self):
         with self._lock:
@@ -486,6 +503,7 @@ class _HangupWatcher:
                     gone = True
                 # EOF: the client left.  Data: its next request; nothing left to watch for.
                 with self._lock:
+                    self._watched.discard(key.fileobj)
                     with contextlib.suppress(KeyError, ValueError, OSError):
                         self._selector.unregister(key.fileobj)
                 if gone:
@@ -495,6 +513,7 @@ class _HangupWatcher:
         with self._lock:
             for key in list(self._selector.get_map().values()):
                 if key.data is not None and key.fileobj.fileno() < 0:
+                    self._watched.discard(key.fileobj)
                     self._selector.unregister(key.fileobj)
 
 

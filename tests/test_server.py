@@ -96,6 +96,20 @@ def test_stream_is_chunked_and_carries_sse_headers(proxy):
     assert _read_response(sock)[0] == 200
 
 
+def test_a_finished_stream_is_unwatched_before_its_last_chunk_goes_out(proxy):
+    # Once the client has the terminating chunk it sends its next request; a
+    # socket still watched then woke the hang-up thread for nothing, per stream.
+    sock = _connect(proxy)
+    body = json.dumps({"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "a b"}]}).encode()
+    hangups = proxy.server.hangups
+    for _ in range(3):
+        sock.sendall(_post("/v1/chat/completions", body))
+        status, _, payload = _read_response(sock)
+        assert status == 200 and payload.endswith(b"data: [DONE]\n\n")
+        assert hangups.watching() == 0
+    sock.close()
+
+
 def test_http10_stream_is_close_delimited(proxy):
     sock = _connect(proxy)
     body = json.dumps({"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "a"}]}).encode()
