@@ -97,6 +97,41 @@ def test_chunked_body_decodes_alike_however_it_arrives(trickle):
     assert body.complete and body.reusable and body.read1() == b""
 
 
+class Pieces(Trickle):
+    """A raw stream that gives at most ``size`` bytes per read."""
+
+    def __init__(self, data, size):
+        super().__init__(data)
+        self.size = size
+
+    def readinto(self, buffer):
+        piece = self.data[self.pos:self.pos + min(self.size, len(buffer))]
+        buffer[:len(piece)] = piece
+        self.pos += len(piece)
+        return len(piece)
+
+
+def test_many_chunks_a_read_decode_alike_wherever_the_reads_end():
+    # A fast upstream's events arrive dozens to a read, and a read can end
+    # anywhere in one: inside a size line, a payload or its CRLF.
+    events = [b"event: delta\ndata: {\"i\": %d, \"text\": \"%s\"}\n\n" % (i, b"x" * (i * 7 % 40)) for i in range(60)]
+    sizes = [b"%x" % len(e) for e in events]
+    sizes[5] = sizes[5].upper()
+    sizes[9] = b"000" + sizes[9]               # leading zeros: still a plain size line
+    sizes[20] += b";ext=1"                     # an extension: the long way
+    sizes[33] = b"%X" % len(events[33])
+    data = b"".join(size + b"\r\n" + event + b"\r\n" for size, event in zip(sizes, events)) + b"0\r\n\r\n"
+    for size in (1, 2, 3, 7, 64, 1000, len(data)):
+        body = http1.ChunkedBody(io.BufferedReader(Pieces(data, size), 256))
+        assert read_all(body) == b"".join(events), size
+        assert body.complete and body.reusable
+    broken = data.replace(b"\r\n" + events[40] + b"\r\n", b"\r\n" + events[40] + b"XX", 1)
+    body = http1.ChunkedBody(reader(broken))
+    assert body.read1() == b"".join(events[:41])   # handed on up to the break, the error next
+    with pytest.raises(ConnectionError, match="malformed chunked"):
+        body.read1()
+
+
 def test_chunked_body_with_bytes_after_its_end_is_not_reusable():
     body = http1.ChunkedBody(reader(b"2\r\nhi\r\n0\r\n\r\nGARBAGE"))
     assert read_all(body) == b"hi" and body.complete and not body.reusable
