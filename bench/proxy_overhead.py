@@ -7,6 +7,8 @@ and through ragproxy, in one run, and the two are printed side by side:
 
   chat     non-stream chat completions from an upstream that answers at once:
            p50/p99 latency and req/s; at 16 clients this measures capacity
+  claude   the same with Claude Code's /v1/messages body of about 120 KB
+           (24 tools, 40 turns of an agent loop; bench/request_body.py)
   slow     the same with the upstream thinking ~20 ms per request, as a model
            does, so 16 clients overlap without saturating the machine; the
            think time is subtracted from each latency
@@ -22,10 +24,21 @@ each other down.  The load generator is one thread driving raw keep-alive
 sockets through a selector, so its own cost per request is a few microseconds.
 Everything listens on 127.0.0.1 only, and every run stops by itself.
 
-    python bench/proxy_overhead.py                      # 1 and 16 clients, about 1 min
+    bash bench/setup_peers.sh                           # once: the LiteLLM and Portkey peers
+    python bench/proxy_overhead.py                      # chat + claude, 1/8/16 clients, every side
+    python bench/proxy_overhead.py --scenarios claude --clients 1,8 --sides ragproxy,rag-80k,cached
     python bench/proxy_overhead.py --both --json        # urllib3 and http.client proxies
     python bench/proxy_overhead.py --py-spy proxy.txt   # also sample the proxy's stacks
     python bench/proxy_overhead.py --ragproxy /tmp/patched/ragproxy.py   # try a change
+
+Beside direct, the sides (--sides) are: the yardsticks (relay, floor), ragproxy's
+pass-through model, its retrieval model over a lexical KB (rag-scifact: SciFact's
+5,183 abstracts; rag-80k: SciFact and CoSQA at 28-token chunks, 78,556 chunks;
+built once into --cache-dir), the next tool round of the same turn (cached),
+and two peers a user might pick instead: LiteLLM's proxy and Portkey's gateway,
+installed by bench/setup_peers.sh into their own environments (a side this
+machine lacks is reported absent).  Every side gets the same bytes in the same
+interleaved slices.
 
 Standard library only (py-spy for --py-spy); Python 3.9+.
 """
@@ -639,15 +652,15 @@ def request_bytes(port, stream, prompt_bytes, model, tool_round=False, auth=None
 _AGENT_BODIES = {}
 
 
-def messages_bytes(port, size, tool_round=False, auth=None):
+def messages_bytes(port, size, tool_round=False, auth=None, stream=False):
     """A Claude Code /v1/messages request of about ``size`` bytes (request_body.agent_loop_body)."""
-    key = (size, tool_round)
+    key = (size, tool_round, stream)
     if key not in _AGENT_BODIES:
-        _AGENT_BODIES[key] = agent_loop_body(size, tool_round=tool_round, model=CLAUDE_MODEL)
+        _AGENT_BODIES[key] = agent_loop_body(size, tool_round=tool_round, model=CLAUDE_MODEL, stream=stream)
     body = _AGENT_BODIES[key]
     head = (f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
             + "".join(line + "\r\n" for line in (auth or [f"Authorization: Bearer {API_KEY}"]))
-            + "Content-Type: application/json\r\nAccept: application/json\r\n"
+            + f"Content-Type: application/json\r\nAccept: {'text/event-stream' if stream else 'application/json'}\r\n"
             "anthropic-version: 2023-06-01\r\nanthropic-beta: claude-code-20250219,interleaved-thinking-2025-05-14\r\n"
             "x-app: cli\r\nUser-Agent: claude-cli/2.1.197 (external, cli)\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
@@ -781,7 +794,8 @@ def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps,
                 delays.extend(conn.stamps)
                 injected += conn.injected
             conn.reset()
-            done = now >= stop_at or (max_requests is not None and len(latencies) >= max_requests)
+            # Errors count toward --requests: a side that fails every request must still end its slice.
+            done = now >= stop_at or (max_requests is not None and len(latencies) + errors >= max_requests)
             if done:
                 sel.unregister(conn.sock)
                 conn.sock.close()
@@ -834,13 +848,13 @@ def side_payload(side, name, opts, upstream_port, model, stream):
     port = side.child.port if side.child is not None else upstream_port
     auth = peer_headers(side.peer, name, upstream_port)
     if name == "claude":
-        return messages_bytes(port, opts.body_bytes, side.tool_round, auth)
+        return messages_bytes(port, opts.body_bytes, side.tool_round, auth, stream)
     return request_bytes(port, stream, opts.prompt_bytes, model, side.tool_round, auth)
 
 
 def run_scenario(name, targets, clients, opts, upstream):
     """Run one scenario at one client count against every target (Side); return result dicts."""
-    stream = name in ("stream", "events", "claude")
+    stream = name in ("stream", "events") or (name == "claude" and opts.claude_stream)
     stamped = name == "events"
     model = f"{STAMPED_MODEL_PREFIX}{opts.events}" if stamped else "bench-model"
     upstream.command(f"event_delay {opts.event_interval_ms / 1000.0 if stamped else 0}")
@@ -913,7 +927,8 @@ def print_table(name, rows, opts, absent=None):
     titles = {
         "chat": "chat: non-stream chat completions, instant upstream; latency per request (ms)",
         "claude": (f"claude: Claude Code /v1/messages, {opts.body_bytes // 1000} KB body (24 tools, 40 turns), "
-                   "streamed, instant upstream; time to the last byte and to the first event (ms)"),
+                   + ("streamed, instant upstream; time to the last byte and to the first event (ms)"
+                      if opts.claude_stream else "non-stream, instant upstream; latency per request (ms)")),
         "slow": (f"slow: non-stream chat completions, upstream thinks {opts.slow_ms:g} ms (+-50%) per request; "
                  "latency minus that think time (ms)"),
         "stream": (f"stream: streaming chat completions ({len(CHAT_REPLY.split()) + 3} events back to back), "
@@ -933,7 +948,7 @@ def print_table(name, rows, opts, absent=None):
                   f"{_fmt(r.get('added_event_p99_us'), '.1f', True) if 'added_event_p99_us' in r else '':>11}")
         _print_absent(absent)
         return
-    first = name in ("stream", "claude")
+    first = name == "stream" or (name == "claude" and opts.claude_stream)
     header = (f"{'clients':>7}  {'path':<{W}}{'p50':>8}{'p99':>8}{'req/s':>9}"
               + (f"{'1st evt':>9}" if first else "")
               + f"{'added p50':>11}{'added p99':>11}{'proxy CPU/req':>15}")
@@ -1114,6 +1129,9 @@ def _parse_args(argv):
                         "--no-relay add and remove those two)" % (",".join(SIDES), ",".join(DEFAULT_SIDES)))
     p.add_argument("--body-bytes", type=int, default=120_000,
                    help="size of the Claude Code body in 'claude' (default 120000)")
+    p.add_argument("--claude-stream", action="store_true",
+                   help="send the 'claude' body with stream: true, as Claude Code does (default non-stream: "
+                        "Portkey's gateway 1.15.2 fails every streamed request on Node 20 here)")
     p.add_argument("--cache-dir", default=os.environ.get("RAGPROXY_BENCH_CACHE") or os.path.join(
                        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ragproxy-bench"),
                    help="where the KBs are built once and bench/setup_peers.sh installs the peers "
@@ -1329,6 +1347,7 @@ def main(argv=None):
                           "options": {"seconds": opts.seconds, "requests": opts.requests, "rounds": opts.rounds,
                                       "warmup": opts.warmup, "slow_ms": opts.slow_ms,
                                       "prompt_bytes": opts.prompt_bytes, "body_bytes": opts.body_bytes,
+                                      "claude_stream": opts.claude_stream,
                                       "events": opts.events,
                                       "event_interval_ms": opts.event_interval_ms},
                           "kbs": kb_facts, "peers": peer_versions, "absent": absent,

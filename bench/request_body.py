@@ -76,7 +76,7 @@ _REMINDER = ("<system-reminder>\nAs you answer the user's questions, you can use
 
 
 def agent_loop_body(size=120_000, tools=24, turns=40, tool_round=False, model="claude-sonnet-4-5",
-                    prompt=AGENT_PROMPT, seed=5):
+                    prompt=AGENT_PROMPT, seed=5, stream=True):
     """A Claude Code /v1/messages body of about ``size`` bytes: ``tools`` tools and ``turns`` messages.
 
     The messages are an agent loop's history: the first human turn, then
@@ -119,7 +119,7 @@ def agent_loop_body(size=120_000, tools=24, turns=40, tool_round=False, model="c
                                                                                  "description": text(60)}},
                                         "required": ["arg"]}} for i in range(tools)],
             "metadata": {"user_id": json.dumps({"session": "bench"})}, "max_tokens": 32000,
-            "thinking": {"type": "adaptive"}, "stream": True}
+            "thinking": {"type": "adaptive"}, "stream": stream}
         body["messages"].append(human(text(share)))
         for i in range(pairs):
             body["messages"] += [call(i, share), result(i, share)]
