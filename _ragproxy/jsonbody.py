@@ -66,12 +66,13 @@ def with_model(body, model, new_model):
 
 
 _JSON_SPACE = re.compile(r"[ \t\r\n]*")
+_BLANK = frozenset(" \t\r\n")
 # A lone surrogate: a client can send one only as an escape ("\ud800"), which
 # json parses into a str that UTF-8 cannot encode.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _json_members(text, pos, expand=()):
+def _json_members(text, pos, expand=(), values=None):
     """Where the members of the JSON object or array at ``text[pos]`` lie, and where it closes.
 
     An object gives ``({key: (start, end)}, close)`` with the span of each
@@ -81,33 +82,63 @@ def _json_members(text, pos, expand=()):
     parsed value is the last one, and which bytes to edit is then a guess.
     ``text`` must be JSON the parser accepted; this only finds boundaries,
     letting json's C scanner step over each value.
+
+    ``values``, a dict for an object (a list for an array), receives the
+    parsed values as well, and the text is then checked as it goes: a colon,
+    comma or bracket out of place is a ValueError (json_object_with_members).
     """
     space = _JSON_SPACE.match
+    blank = _BLANK   # compact JSON has no space to skip: test a character before matching
     is_object = text[pos] == "{"
+    closer = "}" if is_object else "]"
     members = {} if is_object else []
-    pos = space(text, pos + 1).end()
+    pos += 1
+    if text[pos] in blank:
+        pos = space(text, pos).end()
     if text[pos] in "}]":
+        if values is not None and text[pos] != closer:
+            raise ValueError("mismatched bracket")
         return members, pos
     while True:
         if is_object:
+            if values is not None and text[pos] != '"':
+                raise ValueError("a key must be a string")
             key, pos = _scan_json(text, pos)
-            pos = space(text, space(text, pos).end() + 1).end()  # past the colon
+            if text[pos] in blank:
+                pos = space(text, pos).end()
+            if values is not None and text[pos] != ":":
+                raise ValueError("no colon after a key")
+            pos += 1  # past the colon
+            if text[pos] in blank:
+                pos = space(text, pos).end()
             if key in members:
                 return None
             if key in expand and text[pos] == "[":
-                entries, end = _json_members(text, pos)
+                entries_values = [] if values is not None else None
+                entries, end = _json_members(text, pos, (), entries_values)
                 end += 1
                 members[key] = (pos, end, entries)
+                value = entries_values
             else:
-                _, end = _scan_json(text, pos)
+                value, end = _scan_json(text, pos)
                 members[key] = (pos, end)
+            if values is not None:
+                values[key] = value
         else:
-            _, end = _scan_json(text, pos)
+            value, end = _scan_json(text, pos)
             members.append((pos, end))
-        pos = space(text, end).end()
+            if values is not None:
+                values.append(value)
+        pos = end
+        if text[pos] in blank:
+            pos = space(text, pos).end()
         if text[pos] != ",":
+            if values is not None and text[pos] != closer:
+                raise ValueError("no comma or closing bracket after a value")
             return members, pos
-        pos = space(text, pos + 1).end()
+        pos += 1
+        if text[pos] in blank:
+            pos = space(text, pos).end()
 
 
 class Members:
@@ -121,15 +152,40 @@ class Members:
     json_object_of accepted.
     """
 
-    def __init__(self, body, expand=()):
+    def __init__(self, body, expand=(), text=None, found=()):
         self.body = body
-        self.text = body.decode("utf-8")
+        self.text = body.decode("utf-8") if text is None else text
         self.expand = frozenset(expand)
-        found = _json_members(self.text, _JSON_SPACE.match(self.text).end(), self.expand)
+        if found == ():   # not found yet (json_object_with_members passes what it found)
+            found = _json_members(self.text, _JSON_SPACE.match(self.text).end(), self.expand)
         self.spans, self.close = found if found is not None else (None, None)
 
 
-_DROP_MEMBER = '"%s"[ \t\r\n]*:'
+def json_object_with_members(body, expand=()):
+    """``(payload, members)``: json_object_of's payload and the body's Members, from one pass.
+
+    Reading the top-level members one by one, and the entries of the arrays
+    in ``expand``, gives the parsed object and where each part lies at once:
+    a request the turn key and the splice will read (retrieval) pays for
+    one scanner pass over its body instead of two.  ``members`` is None, and
+    the payload json_object_of's (or its ClientError), for a body that is
+    not one plain object with each key once: surrounding whitespace is fine,
+    anything the walk cannot vouch for goes to the full parser.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        start = _JSON_SPACE.match(text).end()
+        values = {}
+        try:
+            found = _json_members(text, start, frozenset(expand), values) if text[start:start + 1] == "{" else None
+        except (StopIteration, ValueError, IndexError, RecursionError):
+            found = None
+        if found is not None and text[found[1]] == "}" and _JSON_SPACE.match(text, found[1] + 1).end() == len(text):
+            return values, Members(body, expand, text, found)
+    return json_object_of(body), None
 
 
 def raw_entries(members, key, upto=None, leave_out=None):
@@ -164,17 +220,21 @@ def _without_members(text, start, end, name):
     a colon is a key.
     """
     space = _JSON_SPACE.match
-    pieces, pos = [], start
-    for found in re.compile(_DROP_MEMBER % re.escape(name)).finditer(text, start, end):
-        at = found.start()
-        if at < pos:   # inside a member already cut out
+    quoted = '"%s"' % name
+    pieces, pos, at = [], start, start - 1
+    while True:   # str.find, not a regex: it skips the text between the markers at memchr speed
+        at = text.find(quoted, at + 1, end)
+        if at < 0:
+            break
+        colon = space(text, at + len(quoted)).end()
+        if at < pos or text[colon] != ":":   # inside a member already cut out, or not a key
             continue
         back = at
         while text[back - 1] == "\\":
             back -= 1
         if (at - back) % 2:   # an escaped quote: inside a string
             continue
-        _, value_end = _scan_json(text, space(text, found.end()).end())
+        _, value_end = _scan_json(text, space(text, colon + 1).end())
         after = space(text, value_end).end()
         if text[after] == ",":   # a later member follows: cut up to it
             cut_from, cut_to = at, space(text, after + 1).end()

@@ -624,10 +624,13 @@ class Retriever:
         """turn_key's ``raw``: the client's own text of the conversation's first entries.
 
         The Members it finds are left on ``exchange.members`` for the splice
-        (jsonbody.with_edits), which needs the same spans.
+        (jsonbody.with_edits), which needs the same spans; Members the proxy
+        found as it parsed the body (jsonbody.json_object_with_members) are used as they are.
         """
         def raw(key, upto):
-            members = exchange.members = Members(exchange.request.body, (key,))
+            members, body = exchange.members, exchange.request.body
+            if members is None or members.body is not body or key not in members.expand:
+                members = exchange.members = Members(body, (key,))
             return raw_entries(members, key, upto, leave_out="cache_control")
         return raw if isinstance(exchange.request.body, bytes) and exchange.request.body else None
 

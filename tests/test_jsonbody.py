@@ -147,3 +147,45 @@ def test_with_edits_reuses_the_members_found_for_the_same_body_only():
     other = b'{"model":"a","messages":[{"n":1},  {"n":2}]}'
     assert jsonbody.with_edits(body, payload, [("messages", 1)], _members(other)) == expected
     assert jsonbody.with_edits(body, payload, [("messages", 1)], _members(body, "tools")) == expected
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model":"m","messages":[{"role":"user","content":"hi"},{"n":1.50e3}],"tools":[],"x":null}',
+    b' \n{ "messages" : [ ] , "y" : {"messages": [1]} }\t',
+    b'{"messages":{"a":[1]},"n":-0.0,"s":"\\u00e9\\ud800","big":1e400,"nan":NaN}',
+    b'{}',
+])
+def test_json_object_with_members_parses_as_json_object_of_and_finds_the_members(body):
+    payload, members = jsonbody.json_object_with_members(body, ("messages",))
+    assert repr(payload) == repr(jsonbody.json_object_of(body))   # repr: NaN and -0.0 as well
+    found = jsonbody.Members(body, ("messages",))
+    assert (members.spans, members.close, members.text) == (found.spans, found.close, found.text)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"a":1,"a":2}',                      # a repeated key: the full parser keeps the last
+    b'{"messages":[1,2]}{}', b'[1]', b'"x"',
+])
+def test_json_object_with_members_leaves_what_it_cannot_vouch_for_to_the_full_parser(body):
+    try:
+        want = jsonbody.json_object_of(body)
+    except ClientError as exc:
+        want = exc
+    try:
+        got, members = jsonbody.json_object_with_members(body, ("messages",))
+    except ClientError as exc:
+        assert isinstance(want, ClientError) and exc.message == want.message
+        return
+    assert got == want and members is None
+
+
+@pytest.mark.parametrize("body", [
+    b'{"a" 1}', b'{"a":1 "b":2}', b'{"a":1,}', b'{"messages":[1,]}', b'{"messages":[1 2]}', b'{1:2}',
+    b'{"messages":[1}', b'{"a":[1]]}', b'{"a":1', b'{"messages":[', b'\xff{}', b'{"a":1}x',
+])
+def test_json_object_with_members_refuses_malformed_bodies_as_json_object_of_does(body):
+    with pytest.raises(ClientError) as want:
+        jsonbody.json_object_of(body)
+    with pytest.raises(ClientError) as got:
+        jsonbody.json_object_with_members(body, ("messages",))
+    assert (got.value.status, got.value.message) == (want.value.status, want.value.message)
