@@ -29,6 +29,7 @@ May import: chroma, config, vectorstore.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
@@ -158,15 +159,21 @@ class ChromaStore(VectorStore):
                               f"{meta.get('ragproxy_kb')!r} ({meta.get('ragproxy_role')}), not {self.kb!r}: {fix}")
 
     def _require_open(self):
-        if self._ids is None and not self.open(create=True):
-            raise self._error("the Chroma collections do not exist")
+        """The collection ids, the collections made if missing: for writes."""
+        self.open(create=True)
         return self._ids
+
+    def _readable(self):
+        """The collection ids, or None when nothing was ever written (reads then answer empty; nothing is made)."""
+        return self._ids if self._ids is not None or self.open(create=False) else None
 
     # -- records --
 
     def read_commit(self):
         """The commit record ``{"version", "settings", "dirty"}``, or None if nothing was committed yet."""
-        _, files = self._require_open()
+        if self._readable() is None:
+            return None
+        _, files = self._ids
         got = self._call("reading the commit record", self.client.get, files, ids=[_COMMIT], include=("documents",))
         self._commit = None
         if got["ids"]:
@@ -179,7 +186,10 @@ class ChromaStore(VectorStore):
 
     def load(self):
         """Read every file record (the shared manifest) from the server."""
-        _, files = self._require_open()
+        if self._readable() is None:
+            self._records = {}
+            return {}
+        _, files = self._ids
         got = self._call("reading the file records", self.client.get, files, include=("documents",))
         records = {}
         for rid, doc in zip(got["ids"], got["documents"] or ()):
@@ -217,6 +227,7 @@ class ChromaStore(VectorStore):
         self._commit = record
 
     def _before_write(self):
+        self._require_open()
         if self._leased_at is not None and self.clock() - self._leased_at > self.lease_ttl / 3:
             if not self.acquire_lease():
                 raise self._error("another process took the indexer lease; this run stops (its files so far "
@@ -340,6 +351,8 @@ class ChromaStore(VectorStore):
         """
         _, files = self._require_open()
         now = self.clock()
+        if self._leased_at is not None and now - self._leased_at < self.lease_ttl / 3:
+            return True  # renewed recently: no one else can have taken it yet
         got = self._call("reading the indexer lease", self.client.get, files, ids=[_LEASE], include=("metadatas",))
         meta = got["metadatas"][0] if got["ids"] else {}
         holder, expires = meta.get("holder"), float(meta.get("expires", 0) or 0)
@@ -366,7 +379,9 @@ class ChromaStore(VectorStore):
     # -- reading --
 
     def dense_search(self, vector, k):
-        col, _ = self._require_open()
+        if self._readable() is None:
+            return []
+        col, _ = self._ids
         if self._dim == 0:
             raise self._error(f"the Chroma collection {self.collection!r} holds no vectors (it was indexed for "
                               f"lexical retrieval): re-index with an embedding model")
@@ -379,19 +394,23 @@ class ChromaStore(VectorStore):
         return [(cid, 1.0 - distance) for cid, distance in found]
 
     def get_chunks(self, ids):
-        col, _ = self._require_open()
         ids = list(ids)
+        if not ids or self._readable() is None:
+            return []
+        col, _ = self._ids
         got = self._call("reading chunks", self.client.get, col, ids=ids, include=("documents", "metadatas"))
         by_id = {cid: _chunk_of(cid, text, meta)
                  for cid, text, meta in zip(got["ids"], got["documents"], got["metadatas"])}
         return [by_id[i] for i in ids if i in by_id]
 
     def count(self):
-        col, _ = self._require_open()
+        if self._readable() is None:
+            return 0
+        col, _ = self._ids
         return self._call("counting", self.client.count, col)
 
     def stats(self):
-        present = self._ids is not None or self.open(create=False)
+        present = self._readable() is not None
         return {"type": self.kind, "collection": self.collection, "chunks": self.count() if present else 0,
                 "files": len(self.files()) if present else 0, "dim": self._dim if present and self._dim != -1 else None,
                 "version": self.version if present else None}
@@ -436,9 +455,11 @@ class ChromaKB:
     the knowledge base's, which owns the generation format).
     """
 
-    def __init__(self, name, spec, current, write_mirror, clock=time.time, store=None):
+    def __init__(self, name, spec, current, write_mirror, clock=time.time, store=None, mirror=""):
         self.name, self.spec = name, spec
-        self.store = store if store is not None else ChromaStore(spec, name, clock=clock)
+        # One holder per process and mirror: a knowledge base rebuilt by a config reload keeps its lease.
+        holder = f"{socket.gethostname()}:{os.getpid()}:{hashlib.sha256(mirror.encode()).hexdigest()[:8]}"
+        self.store = store if store is not None else ChromaStore(spec, name, clock=clock, holder=holder)
         self.current, self.write_mirror = current, write_mirror
         self.clock = clock
         self.role = None   # "indexer" | "replica", known after the first poll (or run)

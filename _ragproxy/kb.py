@@ -24,30 +24,26 @@ here: the same generations without vectors, so lexical search and the BM25
 half of hybrid run exactly as on the built-in store; dense top-k asks Chroma
 (chromastore.ChromaKB).
 
-May import: chromastore, chunking, defaults, deps, docfolder, documents, embeddings, files, fusion, npy, redact,
-sources, store, text, upstream, vectorstore.
+May import: chromastore, chunking, defaults, docfolder, documents, embeddings, files, fusion, redact, sources,
+store, text, upstream, vectorstore.
 """
 from __future__ import annotations
 
-import array
 import collections
 import contextlib
 import dataclasses
-import itertools
 import json
 import logging
 import os
 import threading
 import time
 
-from . import deps
 from .defaults import BM25_B, BM25_K1, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_BYTES
 from .docfolder import UPLOAD_MANIFEST, read_manifest
 from .files import atomic_write
 from .fusion import FUSION_DEPTH, rrf, zscore_fusion
-from .npy import npy_read_array, npy_write_array
 from .sources import scan_roots, source_roots
-from .store import KBStore
+from .store import ForwardIndex, KBStore
 from .text import ANALYZER_VERSION, Analyzer, BM25Index
 from .vectorstore import BuiltinStore, StoreSpec, VectorStoreError
 
@@ -147,7 +143,7 @@ class KnowledgeBase:
         self.chroma = None  # on Chroma: the store there, the role, the mirror's sync (self.store is the mirror)
         if spec.store.type == "chroma_http":
             from .chromastore import ChromaKB
-            self.chroma = ChromaKB(spec.name, spec.store, self.current, self._write_mirror, clock=clock)
+            self.chroma = ChromaKB(spec.name, spec.store, self.current, self._write_mirror, clock=clock, mirror=self.root)
         self.vectors = self.chroma.store if self.chroma is not None else BuiltinStore(self.store)
         self._index_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -327,7 +323,7 @@ class KnowledgeBase:
         if kept:
             rows = self._rows_of(old, manifest, kept, writer.chunk_count)
             writer.copy_rows(old, rows)
-            forward.add_rows(_ForwardIndex.load(old, old_bm25), rows)
+            forward.add_rows(ForwardIndex.load(old, old_bm25), rows)
         # Every file in the writer's directory is committed with the generation.
         forward.bm25(self.spec.k1, self.spec.b).save(writer.dir)
         forward.save(writer.dir)
@@ -345,7 +341,7 @@ class KnowledgeBase:
         writer = self.store.begin()
         try:
             kept = [s for s in sorted(records) if s not in fetched]
-            forward = _ForwardIndex(old_bm25.vocab if kept and old_bm25 is not None else None)
+            forward = ForwardIndex(old_bm25.vocab if kept and old_bm25 is not None else None)
             manifest = {s: old.manifest[s] for s in kept}
             for source in sorted(fetched):
                 manifest[source] = dict(records[source], row=writer.chunk_count)
@@ -758,7 +754,7 @@ class _EmbedBatch:
         """The generation writer and forward index, created on first use."""
         if self.writer is None:
             self.writer = self.kb.store.begin()
-            self.forward = _ForwardIndex(self._vocab)
+            self.forward = ForwardIndex(self._vocab)
         return self.writer, self.forward
 
     def flush(self):
@@ -795,104 +791,6 @@ class _EmbedBatch:
             for chunk in chunks:
                 forward.add(self.kb.chunk_terms(chunk))
         self.changed = True
-
-
-class _ForwardIndex:
-    """Term counts per chunk, stored with each generation.
-
-    The next commit rebuilds BM25 from these (unchanged chunks' counts are
-    copied, only new chunks are tokenized), so an update costs a pass over
-    compact integer arrays rather than re-analyzing every chunk.  Term ids are
-    the BM25 index's own, so the vocabulary lives once, in bm25.json.
-    """
-
-    FILES = ("terms", "tfs", "counts", "lengths")
-
-    def __init__(self, vocab=None):
-        self.vocab = dict(vocab) if vocab else {}
-        self.terms, self.tfs = array.array("i"), array.array("i")
-        self.counts, self.lengths = array.array("i"), array.array("i")
-
-    def add(self, tokens):
-        counts = collections.Counter(tokens)
-        vocab = self.vocab
-        for token, tf in counts.items():
-            tid = vocab.get(token)
-            if tid is None:
-                tid = vocab[token] = len(vocab)
-            self.terms.append(tid)
-            self.tfs.append(tf)
-        self.counts.append(len(counts))
-        self.lengths.append(len(tokens))
-
-    def add_rows(self, old, rows):
-        """Append the entries of ``rows`` of an older forward index (``old``: dict of arrays)."""
-        np = deps.np
-        if np is None:
-            counts, starts = old["counts"], old["starts"]
-            for row in rows:
-                a, n = starts[row], counts[row]
-                self.terms.extend(old["terms"][a:a + n])
-                self.tfs.extend(old["tfs"][a:a + n])
-                self.counts.append(n)
-                self.lengths.append(old["lengths"][row])
-            return
-        rows = np.asarray(rows, dtype=np.int64)
-        counts = np.asarray(old["counts"])[rows].astype(np.int64)
-        firsts = np.asarray(old["starts"])[rows]
-        # Positions of every entry of every row: each row's start, then +0, +1, ...
-        before = np.cumsum(counts) - counts
-        at = np.repeat(firsts - before, counts) + np.arange(int(counts.sum()), dtype=np.int64)
-        self.terms.frombytes(np.asarray(old["terms"])[at].astype(np.int32).tobytes())
-        self.tfs.frombytes(np.asarray(old["tfs"])[at].astype(np.int32).tobytes())
-        self.counts.frombytes(counts.astype(np.int32).tobytes())
-        self.lengths.frombytes(np.asarray(old["lengths"])[rows].astype(np.int32).tobytes())
-
-    def bm25(self, k1, b):
-        self._drop_unused_terms()
-        return BM25Index.from_counts(self.vocab, self.terms, self.tfs, self.counts, self.lengths, k1, b)
-
-    def _drop_unused_terms(self):
-        """Forget terms no chunk uses any more (their files changed or went away)."""
-        np = deps.np
-        used = bytearray(len(self.vocab))
-        for tid in self.terms if np is None else np.unique(np.frombuffer(self.terms, dtype=np.int32)):
-            used[tid] = 1
-        if all(used):
-            return
-        remap = array.array("i", [-1]) * len(used)
-        new_id = 0
-        for tid, flag in enumerate(used):
-            if flag:
-                remap[tid] = new_id
-                new_id += 1
-        self.vocab = {term: remap[tid] for term, tid in self.vocab.items() if used[tid]}
-        if np is not None:
-            table = np.frombuffer(remap, dtype=np.int32)
-            self.terms = array.array("i", table[np.frombuffer(self.terms, dtype=np.int32)].tobytes())
-        else:
-            self.terms = array.array("i", (remap[t] for t in self.terms))
-
-    def save(self, directory):
-        for name in self.FILES:
-            npy_write_array(os.path.join(directory, f"fwd_{name}.npy"), getattr(self, name), "<i4")
-
-    @classmethod
-    def load(cls, generation, bm25):
-        """The arrays of ``generation``'s forward index, or None if it has none."""
-        np = deps.np
-        if bm25 is None or not generation.has("fwd_terms.npy"):
-            return None
-        out = {}
-        for name in cls.FILES:
-            arr = npy_read_array(generation.path(f"fwd_{name}.npy"))
-            out[name] = arr if np is not None else array.array("i", arr.flat if arr.flat is not None else arr)
-        if np is not None:
-            out["starts"] = np.concatenate(([0], np.cumsum(out["counts"], dtype=np.int64)))
-        else:
-            out["starts"] = array.array("q", [0])
-            out["starts"].extend(itertools.accumulate(out["counts"]))
-        return out
 
 
 class KnowledgeBases:

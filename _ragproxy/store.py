@@ -6,9 +6,11 @@ writer fills a private temp directory and commits by renaming it to the next
 generation name and then atomically replacing CURRENT, so a crash at any
 moment leaves the old or the new generation visible, never a mix.  Files
 stay readable by plain tools: chunks.jsonl is JSON lines, vectors.npy is a
-standard .npy v1.0 file that numpy.load opens.
+standard .npy v1.0 file that numpy.load opens.  ForwardIndex holds the term
+counts per chunk a knowledge base stores in each generation (fwd_*.npy),
+from which the next generation's BM25 is rebuilt without re-reading text.
 
-May import: dense, deps, files, npy.
+May import: dense, deps, files, npy, text.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import array
 import collections
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
@@ -29,6 +32,7 @@ from . import deps
 from .dense import binary_width, compact_rows, dense_top_k, dense_top_k_binary, dense_top_k_compact, normalise_rows
 from .files import atomic_write, fsync_path, temp_name_of
 from .npy import NpyAppender, NpyArray, StoreError, npy_read_array, npy_write_array
+from .text import BM25Index
 
 log = logging.getLogger("ragproxy")
 
@@ -593,6 +597,104 @@ class GenerationWriter:
         else:
             self.abort()
         return False
+
+
+class ForwardIndex:
+    """Term counts per chunk, stored with each generation.
+
+    The next commit rebuilds BM25 from these (unchanged chunks' counts are
+    copied, only new chunks are tokenized), so an update costs a pass over
+    compact integer arrays rather than re-analyzing every chunk.  Term ids are
+    the BM25 index's own, so the vocabulary lives once, in bm25.json.
+    """
+
+    FILES = ("terms", "tfs", "counts", "lengths")
+
+    def __init__(self, vocab=None):
+        self.vocab = dict(vocab) if vocab else {}
+        self.terms, self.tfs = array.array("i"), array.array("i")
+        self.counts, self.lengths = array.array("i"), array.array("i")
+
+    def add(self, tokens):
+        counts = collections.Counter(tokens)
+        vocab = self.vocab
+        for token, tf in counts.items():
+            tid = vocab.get(token)
+            if tid is None:
+                tid = vocab[token] = len(vocab)
+            self.terms.append(tid)
+            self.tfs.append(tf)
+        self.counts.append(len(counts))
+        self.lengths.append(len(tokens))
+
+    def add_rows(self, old, rows):
+        """Append the entries of ``rows`` of an older forward index (``old``: dict of arrays)."""
+        np = deps.np
+        if np is None:
+            counts, starts = old["counts"], old["starts"]
+            for row in rows:
+                a, n = starts[row], counts[row]
+                self.terms.extend(old["terms"][a:a + n])
+                self.tfs.extend(old["tfs"][a:a + n])
+                self.counts.append(n)
+                self.lengths.append(old["lengths"][row])
+            return
+        rows = np.asarray(rows, dtype=np.int64)
+        counts = np.asarray(old["counts"])[rows].astype(np.int64)
+        firsts = np.asarray(old["starts"])[rows]
+        # Positions of every entry of every row: each row's start, then +0, +1, ...
+        before = np.cumsum(counts) - counts
+        at = np.repeat(firsts - before, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+        self.terms.frombytes(np.asarray(old["terms"])[at].astype(np.int32).tobytes())
+        self.tfs.frombytes(np.asarray(old["tfs"])[at].astype(np.int32).tobytes())
+        self.counts.frombytes(counts.astype(np.int32).tobytes())
+        self.lengths.frombytes(np.asarray(old["lengths"])[rows].astype(np.int32).tobytes())
+
+    def bm25(self, k1, b):
+        self._drop_unused_terms()
+        return BM25Index.from_counts(self.vocab, self.terms, self.tfs, self.counts, self.lengths, k1, b)
+
+    def _drop_unused_terms(self):
+        """Forget terms no chunk uses any more (their files changed or went away)."""
+        np = deps.np
+        used = bytearray(len(self.vocab))
+        for tid in self.terms if np is None else np.unique(np.frombuffer(self.terms, dtype=np.int32)):
+            used[tid] = 1
+        if all(used):
+            return
+        remap = array.array("i", [-1]) * len(used)
+        new_id = 0
+        for tid, flag in enumerate(used):
+            if flag:
+                remap[tid] = new_id
+                new_id += 1
+        self.vocab = {term: remap[tid] for term, tid in self.vocab.items() if used[tid]}
+        if np is not None:
+            table = np.frombuffer(remap, dtype=np.int32)
+            self.terms = array.array("i", table[np.frombuffer(self.terms, dtype=np.int32)].tobytes())
+        else:
+            self.terms = array.array("i", (remap[t] for t in self.terms))
+
+    def save(self, directory):
+        for name in self.FILES:
+            npy_write_array(os.path.join(directory, f"fwd_{name}.npy"), getattr(self, name), "<i4")
+
+    @classmethod
+    def load(cls, generation, bm25):
+        """The arrays of ``generation``'s forward index, or None if it has none."""
+        np = deps.np
+        if bm25 is None or not generation.has("fwd_terms.npy"):
+            return None
+        out = {}
+        for name in cls.FILES:
+            arr = npy_read_array(generation.path(f"fwd_{name}.npy"))
+            out[name] = arr if np is not None else array.array("i", arr.flat if arr.flat is not None else arr)
+        if np is not None:
+            out["starts"] = np.concatenate(([0], np.cumsum(out["counts"], dtype=np.int64)))
+        else:
+            out["starts"] = array.array("q", [0])
+            out["starts"].extend(itertools.accumulate(out["counts"]))
+        return out
 
 
 class KBStore:
