@@ -49,6 +49,24 @@ def json_object_of(body):
 _LEADING_MODEL = re.compile(rb'[ \t\r\n]*\{[ \t\r\n]*"model"[ \t\r\n]*:[ \t\r\n]*("(?:[^"\\]|\\.)*")')
 
 
+def leading_model(body):
+    """The "model" a body names first, when it begins with that key (Claude Code, Codex and the
+    SDKs send it so), else None; read without parsing the body.
+
+    A guess to choose how to parse by (json_object_with_members for a model
+    with knowledge bases): a body that repeats the key has the last one count,
+    so the parsed payload, not this, says which model was asked for.
+    """
+    found = _LEADING_MODEL.match(body)
+    if found is None:
+        return None
+    try:
+        model = json.loads(found.group(1))
+    except ValueError:   # an escape json refuses: the parser will say so
+        return None
+    return model if isinstance(model, str) else None
+
+
 def with_model(body, model, new_model):
     """``body`` with its top-level "model" value ``model`` replaced by ``new_model``; None
     when the body does not begin with that key and value.

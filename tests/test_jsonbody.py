@@ -189,3 +189,11 @@ def test_json_object_with_members_refuses_malformed_bodies_as_json_object_of_doe
     with pytest.raises(ClientError) as got:
         jsonbody.json_object_with_members(body, ("messages",))
     assert (got.value.status, got.value.message) == (want.value.status, want.value.message)
+
+
+def test_leading_model_reads_a_first_model_key_only():
+    assert jsonbody.leading_model(b' {\n "model" : "claude-\\u0073onnet", "messages": []}') == "claude-sonnet"
+    assert jsonbody.leading_model(b'{"messages": [], "model": "m"}') is None
+    assert jsonbody.leading_model(b'{"model": 5}') is None
+    assert jsonbody.leading_model(b'{"model": "bad \\x escape"}') is None
+    assert jsonbody.leading_model(b'') is None
