@@ -368,3 +368,93 @@ def test_sigkill_at_random_points_always_leaves_whole_files_and_the_next_run_con
             assert kb.search(f"fresh{round_}", 1, mode="lexical")[0].chunk["source"] == f"kb/new{round_}.md"
             assert len(kb.search(f"fresh{round_}", 5, mode="hybrid")) == 5
     assert landed >= 12   # the kills did land inside the runs
+
+
+def _config(server, prefix, indexer, interval=3600):
+    return ragproxy.Config.from_text(f"""
+providers:
+  llm: {{o: {{type: ollama, base_url: "http://127.0.0.1:1"}}}}
+models: [{{name: "*", upstream: o}}]
+rag: {{index_interval: {interval}}}
+vectorstore:
+  type: simple
+  chroma_http: {{base_url: "{server.url}", collection_prefix: "{prefix}", indexer: {indexer}, sync_interval: 0.2}}
+knowledge_bases:
+  small: {{retrieval: lexical}}
+  big: {{retrieval: lexical, vectorstore: chroma_http}}
+""", environ={})
+
+
+def test_one_proxy_keeps_small_kbs_built_in_and_a_big_one_on_chroma_and_replicas_follow(tmp_path, chroma_server,
+                                                                                         chroma_prefix):
+    for name in ("small", "big"):
+        write(str(tmp_path / "indexer" / "documents" / name / "a.md"), f"# {name}\n\n{name} lanterns glow\n")
+    indexer = ragproxy.KnowledgeBases(_config(chroma_server, chroma_prefix, "always"), str(tmp_path / "indexer"))
+    big = indexer.get("big")
+    assert indexer.get("small").spec.store == StoreSpec()
+    assert (big.spec.store.type, big.spec.store.base_url, big.spec.store.collection_prefix) == (
+        "chroma_http", chroma_server.url, chroma_prefix)
+    assert sorted(r.kb for r in indexer.index_all() if r.committed) == ["big", "small"]
+    assert indexer.get("small").store_status()["type"] == "simple"
+    replicas = ragproxy.KnowledgeBases(_config(chroma_server, chroma_prefix, "never"), str(tmp_path / "replica"))
+    assert [r.kb for r in replicas.index_all()] == ["small"]   # a replica never indexes its Chroma KB
+    replicas.start()
+    try:
+        deadline = time.monotonic() + 30
+        while replicas.get("big").current()[0] is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert replicas.get("big").search("lanterns", 1)[0].chunk["source"] == "big/a.md"
+        write(str(tmp_path / "indexer" / "documents" / "big" / "b.md"), "# more\n\nmoths circle the lanterns\n")
+        indexer.index_all()
+        while len(replicas.get("big").current()[0]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {h.chunk["source"] for h in replicas.get("big").search("lanterns", 3)} == {"big/a.md", "big/b.md"}
+        assert replicas.get("big").store_status()["role"] == "replica"
+    finally:
+        replicas.stop(wait=10)
+
+
+def _proxy_config(fake, base_url, prefix, policy):
+    from conftest import proxy_config
+    text = proxy_config(fake.url, extra=f"""
+vectorstore:
+  type: chroma_http
+  chroma_http: {{base_url: "{base_url}", collection_prefix: "{prefix}", indexer: always, timeout: 2}}
+knowledge_bases:
+  vec: {{retrieval: hybrid, embedding: emb}}
+rag:
+  on_failure: {policy}
+""")
+    text = text.replace('  - {name: "*", upstream: [ol, oa]}', '  - {name: "*", upstream: [ol, oa], kb: [vec]}')
+    return text.replace("providers:\n", f'providers:\n  embedding:\n    emb: {{type: openai, base_url: '
+                                        f'"{fake.url}/v1", model: fake-embed, read_timeout: 2}}\n', 1)
+
+
+@pytest.mark.parametrize("policy", ["degrade", "fail_closed"])
+def test_the_routes_failure_policy_applies_when_chroma_is_down(make_proxy, fake, tmp_path, chroma_server,
+                                                                chroma_prefix, policy):
+    import openai
+    from conftest import API_KEY
+
+    secret = "ELEPHANT-7731"
+    write(str(tmp_path / "documents" / "vec" / "guide.md"), f"# Elephants\n\nThe purple elephant sings {secret}.\n")
+    fake.secrets = [secret]
+    question = [{"role": "user", "content": "what does the purple elephant sing"}]
+    up = make_proxy(_proxy_config(fake, chroma_server.url, chroma_prefix, policy), data_dir=tmp_path)
+    up.app.knowledge_bases.index_all()
+    client = openai.OpenAI(base_url=up.url + "/v1", api_key=API_KEY, max_retries=0)
+    assert client.chat.completions.create(model="llama3", messages=question).choices[0].message.content \
+        == "FOUND: " + secret
+    port = closed_port()
+    down = make_proxy(_proxy_config(fake, f"http://127.0.0.1:{port}", chroma_prefix, policy), data_dir=tmp_path)
+    client = openai.OpenAI(base_url=down.url + "/v1", api_key=API_KEY, max_retries=0)
+    if policy == "fail_closed":
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(model="llama3", messages=question)
+        assert info.value.status_code == 502 and info.value.body["code"] == "rag_retrieval_failed"
+        assert str(port) not in json.dumps(info.value.body)
+    else:
+        reply = client.chat.completions.create(model="llama3", messages=question)
+        assert reply.choices[0].message.content.startswith("ECHO")   # forwarded without context
+    status = down.app.knowledge_bases.get("vec").store_status()
+    assert status["reachable"] is False and str(port) not in status["error"]
