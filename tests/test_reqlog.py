@@ -453,3 +453,60 @@ def test_the_log_and_its_wal_are_readable_by_their_owner_only(tmp_path, clock):
         assert rl.flush()
         for name in ("requests.db", "requests.db-wal"):
             assert stat.S_IMODE(os.stat(path.parent / name).st_mode) == 0o600, name
+
+
+def test_a_write_stuck_in_the_database_holds_up_no_answer(make_proxy, tmp_path):
+    # The writer thread owns all the SQL: while it is stuck in a write (a
+    # disk stall, another process holding the database), calls on the same
+    # keep-alive connection and on another one are answered all the same.
+    import json
+    import socket
+
+    from conftest import API_KEY
+
+    class StuckLog(RequestLog):
+        def __init__(self, *args, **kwargs):
+            self.writing, self.release = threading.Event(), threading.Event()
+            super().__init__(*args, **kwargs)
+
+        def _write(self, entries):
+            self.writing.set()
+            self.release.wait(30)
+            super()._write(entries)
+
+    p = make_proxy()
+    p.app.request_log = log = StuckLog(str(tmp_path / "requests.db"), write_interval=0.01)
+    body = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+    def answer(sock):
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, rest = data.split(b"\r\n\r\n", 1)
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(rest) < length:
+            rest += sock.recv(65536)
+        return head.split(b" ", 2)[1], json.loads(rest)
+
+    try:
+        first, second = (socket.create_connection(("127.0.0.1", p.port), timeout=10) for _ in range(2))
+        first.sendall(request)
+        assert answer(first)[0] == b"200"
+        assert log.writing.wait(10), "the writer never took the first call's row"
+        for sock in (first, second, first):   # the writer is inside _write, waiting to be released
+            sock.sendall(request)
+            status, reply = answer(sock)
+            assert status == b"200" and reply["choices"][0]["message"]["content"] == "ECHO: hi"
+        assert not log.release.is_set() and log.written == 0
+    finally:
+        log.release.set()
+    # A call is logged after its answer goes out, before its connection reads
+    # the next request: one more call on `first` has the fourth queued.
+    first.sendall(request)
+    assert answer(first)[0] == b"200"
+    assert log.flush(10) and log.written >= 4
+    first.close()
+    second.close()
+    log.close()
