@@ -726,7 +726,7 @@ class ChromaServer:
         with open(os.path.join(path, "server.log"), "wb") as log:
             proc = subprocess.Popen([binary, "run", "--path", os.path.join(path, "data"), "--host", "127.0.0.1",
                                      "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, env=dict(os.environ, ANONYMIZED_TELEMETRY="False"))
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
@@ -825,7 +825,7 @@ def _chroma_dense_size(args, rp, np, server, n, tmp):
         t0 = time.perf_counter()
         for start in range(0, n, batch):
             stop = min(n, start + batch)
-            client.upsert(cid, ids[start:stop], mat[start:stop].tolist(), documents=[""] * (stop - start),
+            client.upsert(cid, ids[start:stop], mat[start:stop], documents=[""] * (stop - start),
                           metadatas=[{"source": "bench"}] * (stop - start))
         upsert_s = time.perf_counter() - t0
         # The first query waits for whatever the server still applies after acknowledging the writes.
