@@ -4,14 +4,19 @@ Both run in-process on real sockets (port 0), so the wire is real while the
 tests stay fast.  RAGPROXY_PURE=1 in the environment runs everything on the
 stdlib fallbacks.
 """
+import http.client
 import math
 import os
 import random
+import shutil
+import socket
 import ssl
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import uuid
 
 import pytest
 
@@ -26,6 +31,7 @@ if ROOT not in sys.path:
 
 import ragproxy  # noqa: E402
 from _ragproxy import deps, http1  # noqa: E402
+from _ragproxy.chroma import ChromaClient, ChromaError  # noqa: E402
 from fake_upstream import FakeUpstream  # noqa: E402
 
 API_KEY = "rp-test-key-0001"
@@ -330,3 +336,142 @@ def brute_force(rows, query, k):
     scored = [(sum(a * b for a, b in zip(unit(r), q)), i) for i, r in enumerate(rows)]
     scored.sort(key=lambda t: (-t[0], t[1]))
     return scored[:k]
+
+
+# --- a real Chroma server (issue 16: tests/test_chroma.py, the Chroma store) ----
+
+class ChromaServer:
+    """A running Chroma server: ``url`` (http://127.0.0.1:PORT) and ``path``, its data directory
+    (None for a server given by $RAGPROXY_CHROMA_URL, whose directory is not ours)."""
+
+    def __init__(self, url, path=None, log=None):
+        self.url = url
+        self.path = path
+        self.log = log
+
+    def log_tail(self, lines=30):
+        """The end of the server's output, for a failure message."""
+        if not self.log or not os.path.exists(self.log):
+            return ""
+        with open(self.log, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+
+
+def chroma_client(server, **kwargs):
+    """A ChromaClient for ``server`` (the chroma_server fixture); the timeout allows for a loaded machine."""
+    kwargs.setdefault("timeout", 30.0)
+    return ChromaClient(server.url, **kwargs)
+
+
+def _chroma_missing(why):
+    """Skip, or fail when CI says the tests must have a Chroma server (RAGPROXY_REQUIRE_CHROMA=1)."""
+    if os.environ.get("RAGPROXY_REQUIRE_CHROMA", "") not in ("", "0"):
+        pytest.fail(f"{why}; RAGPROXY_REQUIRE_CHROMA=1 says the Chroma tests must run", pytrace=False)
+    pytest.skip(why)
+
+
+def chroma_binary():
+    """The `chroma` command: $RAGPROXY_CHROMA_BIN, else the one beside this Python (the chromadb that
+    requirements-test.txt installs), else the first on PATH; None when there is none."""
+    explicit = os.environ.get("RAGPROXY_CHROMA_BIN", "")
+    if explicit:
+        return explicit
+    beside = os.path.join(os.path.dirname(sys.executable), "chroma")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("chroma")
+
+
+def _chroma_answers(url, timeout=2.0):
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", parts.path.rstrip("/") + "/api/v2/heartbeat")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_chroma(binary, path, log, startup=120.0):
+    """(process, url) of `chroma run` on a free port, once its heartbeat answers; (None, reason) if not."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, ANONYMIZED_TELEMETRY="False")  # a test run reports nothing to anyone
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([binary, "run", "--path", path, "--host", "127.0.0.1", "--port", str(port)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + startup
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return None, f"`{binary} run` exited with status {proc.returncode}"
+        if _chroma_answers(url):
+            return proc, url
+        time.sleep(0.1)
+    _stop(proc)
+    return None, f"`{binary} run` did not answer /api/v2/heartbeat within {startup:g}s"
+
+
+def _stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def chroma_server(tmp_path_factory):
+    """A Chroma server for the whole run: $RAGPROXY_CHROMA_URL if set, else `chroma run` started here
+    (chroma_binary()) on a free port with a fresh data directory, stopped at the end of the session.
+
+    None to be had: a skip, or a failure when RAGPROXY_REQUIRE_CHROMA=1 (CI).  A `chroma` that is found
+    but does not start is a failure either way: a broken install should be seen, not skipped over.
+    """
+    url = os.environ.get("RAGPROXY_CHROMA_URL", "").rstrip("/")
+    if url:
+        if not _chroma_answers(url, timeout=10.0):
+            _chroma_missing("no Chroma server answers at $RAGPROXY_CHROMA_URL")
+        yield ChromaServer(url)
+        return
+    binary = chroma_binary()
+    if not binary:
+        _chroma_missing("no `chroma` command ($RAGPROXY_CHROMA_BIN, beside sys.executable or on PATH):"
+                        " pip install -r requirements-test.txt")
+    root = tmp_path_factory.mktemp("chroma")
+    log = str(root / "chroma.log")
+    for _attempt in range(3):  # the free port can be taken before the server binds it
+        proc, url = _start_chroma(binary, str(root / "data"), log)
+        if proc is not None:
+            break
+    if proc is None:
+        pytest.fail(f"{url}; its output ends:\n{ChromaServer(None, log=log).log_tail()}", pytrace=False)
+    try:
+        yield ChromaServer(url, str(root / "data"), log)
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture
+def chroma_prefix(chroma_server):
+    """A collection prefix of this test's own, so tests share one server without meeting; the test's
+    collections are deleted after it."""
+    prefix = f"t{uuid.uuid4().hex[:12]}_"
+    yield prefix
+    client = chroma_client(chroma_server)
+    try:
+        for col in client.list_collections():
+            if col["name"].startswith(prefix):
+                client.delete_collection(col["name"])
+    except ChromaError:
+        pass  # a test that stopped the server or broke it has said so itself
+    finally:
+        client.close()
