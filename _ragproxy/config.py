@@ -816,7 +816,7 @@ def _check_vectorstore(raw, positions, errors):
         if isinstance(value, float) and not (value > 0 and math.isfinite(value)):
             where = ("vectorstore", "chroma_http", key)
             errors.append((format_path(where), _line_of(positions, where),
-                           f"expected a number of seconds greater than 0, got {value!r}"))
+                           f"expected a finite number of seconds greater than 0, got {value!r}"))
     # Where the address is asked for: the global type, or the first KB that chose chroma_http itself.
     asked = [("vectorstore", "type")] if store["type"] == "chroma_http" else []
     for name, kb in raw["knowledge_bases"].items():

@@ -1184,3 +1184,59 @@ def test_the_chroma_token_goes_only_to_the_configured_server(make_admin_proxy, f
     finally:
         configured.close()
         other.close()
+
+
+def _store_proxy(make_admin_proxy, fake, chroma_url, prefix):
+    text = proxy_config(fake.url, extra=(
+        "vectorstore:\n  chroma_http:\n"
+        f"    base_url: {chroma_url}\n    collection_prefix: {prefix}\n    timeout: 3\n"
+        "knowledge_bases:\n  small: {retrieval: lexical}\n"
+        "  big: {retrieval: dense, embedding: em, vectorstore: chroma_http}\n")).replace(
+        "providers:\n", f"providers:\n  embedding:\n    em: {{type: openai, base_url: '{fake.url}/v1', model: emb}}\n", 1)
+    return make_admin_proxy(text)
+
+
+def test_the_kb_store_test_and_views_against_a_real_chroma_then_a_dead_one(make_admin_proxy, fake, chroma_server,
+                                                                           chroma_prefix):
+    proxy = _store_proxy(make_admin_proxy, fake, chroma_server.url, chroma_prefix)
+    admin = proxy.admin()
+    body, ctype = multipart_body([("runbook.md", GUIDE.encode())])
+    assert _upload(admin, "big", body, ctype)[0] == 201
+    kb = _wait_indexed(admin, "big", 1)
+    assert kb["store"]["type"] == "chroma_http" and kb["store"]["collection"] == chroma_prefix + "big"
+    assert kb["vectorstore"]["configured"] == "chroma_http"
+    assert kb["vectorstore"]["set_by"] == "knowledge_bases.big.vectorstore"
+    assert kb["vectorstore"]["chroma_http"]["base_url"] == chroma_server.url
+    views = {view["name"]: view for view in admin.get("/admin/api/kbs")[2]["kbs"]}
+    assert views["small"]["store"]["type"] == "simple" and views["small"]["vectorstore"]["configured"] == "simple"
+    assert views["big"]["store"]["collection"] == chroma_prefix + "big"
+
+    status, _, result = admin.post("/admin/api/kbs/big/store/test")
+    assert status == 200 and result["ok"] is True and result["kb"] == "big", result
+    assert result["collection"] == chroma_prefix + "big" and result["vectors"] == kb["chunks"] > 0
+    assert result["version"] and result["latency_ms"] >= 0
+    status, _, result = admin.post("/admin/api/kbs/small/store/test")
+    assert status == 200 and result["ok"] is True and result["kb"] == "small", result
+    assert admin.post("/admin/api/kbs/nope/store/test")[0] == 404
+
+    dead = _dead_url()
+    text = proxy.config_path.read_text().replace(chroma_server.url, dead)
+    assert admin.put("/admin/api/settings", {"text": text})[0] == 200
+    status, _, result = admin.post("/admin/api/kbs/big/store/test")
+    assert status == 200 and result["ok"] is False and result["message"], result
+    assert dead.rsplit(":", 1)[1] not in result["message"]
+    store = admin.get("/admin/api/kbs/big")[2]["store"]
+    assert store["reachable"] is False and store["error"] and dead.rsplit(":", 1)[1] not in store["error"]
+
+
+def test_the_chroma_token_is_masked_in_the_settings_text_and_kept_on_save(make_admin_proxy, fake):
+    text = proxy_config(fake.url, extra=(
+        "vectorstore:\n  chroma_http:\n    base_url: http://127.0.0.1:1\n    token: ck-the-chroma-token-123\n"))
+    proxy = make_admin_proxy(text)
+    admin = proxy.admin()
+    shown = admin.get("/admin/api/settings")[2]["text"]
+    assert "ck-the-chroma-token-123" not in shown and "ck-\u2022\u2022\u2022\u2022-123" in shown
+    status, _, body = admin.put("/admin/api/settings", {"text": shown.replace("127.0.0.1:1", "127.0.0.1:2")})
+    assert status == 200, body
+    assert "token: ck-the-chroma-token-123" in proxy.config_path.read_text()
+    assert proxy.app.config.raw["vectorstore"]["chroma_http"]["token"] == "ck-the-chroma-token-123"

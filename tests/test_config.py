@@ -323,6 +323,14 @@ def test_the_chroma_http_block_from_the_issue_loads_as_written_with_no_warning()
         "configured": "simple", "active": "simple", "reason": None, "set_by": "vectorstore.type"}
 
 
+def test_the_vectorstore_defaults_are_the_store_specs():
+    from _ragproxy.vectorstore import StoreSpec
+    block = ragproxy.Config.from_text(MINIMAL, environ={}).raw["vectorstore"]
+    spec = StoreSpec()
+    assert spec.type == block["type"]
+    assert {key: getattr(spec, key) for key in block["chroma_http"]} == block["chroma_http"]
+
+
 PER_KB = """
 knowledge_bases:
   small: {}
@@ -429,23 +437,28 @@ def test_a_v1_where_it_belongs_is_fine():
     assert ragproxy.Config.from_text(text, environ={}).providers["llm"]["oa"].base_url.endswith("/v1")
 
 
-def test_a_config_copied_from_the_modelled_projects_readme_loads_and_serves(make_proxy, fake, tmp_path, caplog):
+def test_a_config_copied_from_the_modelled_projects_readme_loads_and_serves(make_proxy, fake, tmp_path, caplog,
+                                                                           chroma_server, chroma_prefix):
     """kb: null, a KB only its documents folder declares, rerank with no reranker and the
-    chroma_http block, all in one file: it loads, retrieves from the folder and passes the
-    null one through."""
+    chroma_http block (pointed at a real Chroma server), all in one file: it loads, retrieves
+    from the folder, kept in Chroma, and passes the null one through."""
     notes = tmp_path / "documents" / "team-notes"
     notes.mkdir(parents=True)
     (notes / "oncall.md").write_text("# On call\n\nThe zebrafinch pager rotates every Tuesday at noon.\n")
     text = proxy_config(fake.url).replace(
         '  - {name: "*", upstream: [ol, oa]}',
         '  - {name: "notes", upstream: oa, kb: [team-notes], rerank: true}\n'
-        '  - {name: "*", upstream: [ol, oa], kb: null}') + CHROMA_HTTP
+        '  - {name: "*", upstream: [ol, oa], kb: null}') + CHROMA_HTTP.replace(
+        "http://chroma:8000", chroma_server.url).replace('"ragproxy_"', chroma_prefix)
     proxy = make_proxy(text, data_dir=tmp_path)
     proxy.app.knowledge_bases.index_all()
     client = openai_for(proxy)
     client.chat.completions.create(model="notes", messages=[{"role": "user", "content": "when does the zebrafinch"
                                                                                           " pager rotate?"}])
     assert "every Tuesday at noon" in json.dumps(fake.last.json["messages"])
+    store = proxy.app.knowledge_bases.get("team-notes").store_status()
+    assert store["type"] == "chroma_http" and store["collection"] == chroma_prefix + "team-notes"
+    assert store["reachable"] is True and store["vectors"] is not None
     assert all("rerank" not in hit.scores for hit in proxy.app.retriever.search(
         ["team-notes"], "zebrafinch pager", proxy.app.config.models[0]))
     client.chat.completions.create(model="other", messages=[{"role": "user", "content": "zebrafinch pager?"}])

@@ -7,6 +7,7 @@ own parser.  The /metrics endpoint of a running proxy is test_reqlog's
 """
 import math
 import threading
+import time
 
 import pytest
 from test_reqlog import entry
@@ -215,3 +216,45 @@ def test_the_vector_store_gauges_say_up_down_and_nothing_while_unknown():
     assert 'ragproxy_vectorstore_up{kb="shared"} 1\n' in text
     assert 'ragproxy_vectorstore_errors_total{kb="shared"} 4\n' in text
     assert store_samples("x", None) == []
+
+
+def test_metrics_of_a_running_proxy_show_its_chroma_store_up_then_down(make_admin_proxy, fake, chroma_server,
+                                                                        chroma_prefix):
+    import socket
+    import urllib.request
+
+    from prometheus_client import parser  # requirements-test.txt: never skipped
+    from conftest import multipart_body, proxy_config
+    text = proxy_config(fake.url, extra=(
+        "vectorstore:\n  chroma_http:\n"
+        f"    base_url: {chroma_server.url}\n    collection_prefix: {chroma_prefix}\n    timeout: 3\n"
+        "knowledge_bases:\n  small: {retrieval: lexical}\n"
+        "  big: {retrieval: dense, embedding: em, vectorstore: chroma_http}\n")).replace(
+        "providers:\n", f"providers:\n  embedding:\n    em: {{type: openai, base_url: '{fake.url}/v1', model: emb}}\n", 1)
+    proxy = make_admin_proxy(text)
+    admin = proxy.admin()
+    body, ctype = multipart_body([("a.md", b"# Pager\n\nThe pager rotates on Tuesdays.\n"),
+                                  ("b.md", b"# Backups\n\nBackups run nightly.\n")])
+    assert admin.request("POST", "/admin/api/kbs/big/upload", raw=body, headers={"Content-Type": ctype})[0] == 201
+
+    def gauges():
+        with urllib.request.urlopen(proxy.url + "/metrics", timeout=10) as resp:
+            families = {f.name: f for f in parser.text_string_to_metric_families(resp.read().decode())}
+        return ({s.labels["kb"]: s.value for s in families["ragproxy_vectorstore_up"].samples},
+                {s.labels["kb"]: s.value for s in families["ragproxy_vectorstore_vectors"].samples})
+
+    deadline = time.monotonic() + 30
+    while admin.get("/admin/api/kbs/big")[2]["files"] != 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    up, vectors = gauges()
+    chunks = admin.get("/admin/api/kbs/big")[2]["chunks"]
+    assert up == {"big": 1} and vectors["big"] == chunks >= 2, (up, vectors)   # the built-in KB has no up series
+
+    with socket.socket() as sock:   # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    settings = admin.get("/admin/api/settings")[2]["text"]
+    assert admin.put("/admin/api/settings", {"text": settings.replace(chroma_server.url, dead)})[0] == 200
+    assert admin.post("/admin/api/kbs/big/store/test")[2]["ok"] is False
+    up, _ = gauges()
+    assert up == {"big": 0}, up

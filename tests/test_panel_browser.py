@@ -892,3 +892,132 @@ def test_a_requests_log_page_shows_what_the_guardrails_dropped_and_redacted(guar
     # The chunks are shown as the KB stores them, and the page says the model got them redacted.
     expect(guarded_panel.tid("log-chunks-redacted")).to_contain_text("redactions under Guardrails applied")
     guarded_panel.shot("log-guardrails", full_page=True)
+
+
+# -- the vector store (issue 16) ----------------------------------------------------
+
+
+def _dead_url():
+    """An http URL of a local port nothing listens on (bound, then closed)."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _store_config(fake, chroma_url, prefix):
+    """A small KB in the built-in store and a dense one in Chroma, on one proxy."""
+    return proxy_config(fake.url, extra=(
+        "vectorstore:\n  type: simple\n  chroma_http:\n"
+        f"    base_url: {chroma_url}\n    collection_prefix: {prefix}\n    timeout: 3\n"
+        "knowledge_bases:\n  small: {retrieval: lexical}\n"
+        "  big: {retrieval: dense, embedding: em, vectorstore: chroma_http}\n")).replace(
+        "providers:\n", f"providers:\n  embedding:\n    em: {{type: openai, base_url: '{fake.url}/v1', model: emb}}\n", 1)
+
+
+@pytest.fixture
+def store_panel(browser, make_admin_proxy, fake, chroma_server, chroma_prefix):
+    proxy = make_admin_proxy(_store_config(fake, chroma_server.url, chroma_prefix))
+    proxy.chroma_url, proxy.chroma_prefix = chroma_server.url, chroma_prefix
+    yield from _panel_on(browser, proxy)
+
+
+def _point_the_config_at(proxy, url):
+    """Rewrite config.yaml's Chroma base_url through the admin API (validated, reloaded at once)."""
+    admin = proxy.admin()
+    text = admin.get("/admin/api/settings")[2]["text"]
+    status, _, body = admin.put("/admin/api/settings", {"text": text.replace(proxy.chroma_url, url)})
+    assert status == 200, body
+
+
+def test_the_dashboard_tests_the_configured_chroma_server_live_and_dead(store_panel):
+    panel = store_panel
+    panel.login()
+    panel.nav("dashboard", "overview")
+    card = panel.tid("overview-vectorstore")
+    expect(card.get_by_test_id("overview-vectorstore-type")).to_contain_text("built-in (simple)")
+    expect(card.get_by_test_id("overview-vectorstore-server")).to_contain_text(
+        f"{panel.proxy.chroma_url} · default_tenant / default_database")
+    card.get_by_test_id("vectorstore-test").click()
+    result = card.get_by_test_id("vectorstore-test-result")
+    expect(result.get_by_test_id("store-test-badge")).to_have_text("OK")
+    expect(result).to_contain_text("Chroma 1.")      # the server's own version, from its answer
+    panel.shot("vectorstore-test-ok")
+
+    dead = _dead_url()
+    _point_the_config_at(panel.proxy, dead)
+    panel.page.reload()
+    expect(panel.tid("overview-vectorstore-server")).to_contain_text(dead)
+    panel.tid("vectorstore-test").click()
+    result = panel.tid("vectorstore-test-result")
+    expect(result.get_by_test_id("store-test-badge")).to_have_text("Failed")
+    expect(result.get_by_test_id("store-test-message")).to_contain_text("unreachable")
+    # What to fix, not where the server is: the address stays an operator's (it is in the row above).
+    expect(result.get_by_test_id("store-test-message")).not_to_contain_text(dead.rsplit(":", 1)[1])
+    panel.shot("vectorstore-test-dead")
+
+
+def test_a_kb_in_chroma_shows_its_store_and_tests_the_connection_live_and_dead(store_panel):
+    panel, proxy = store_panel, store_panel.proxy
+    admin = proxy.admin()
+    body, ctype = multipart_body([("guide.md", GUIDE_MD)])
+    status, _, reply = admin.request("POST", "/admin/api/kbs/big/upload", raw=body, headers={"Content-Type": ctype})
+    assert status == 201, reply
+
+    def indexed():
+        kb = admin.get("/admin/api/kbs/big")[2]
+        assert kb["files"] == 1 and kb["state"] == "idle", kb
+        return kb
+    kb = eventually(indexed, timeout=INDEX_TIMEOUT_MS / 1000)
+    assert kb["store"]["type"] == "chroma_http" and kb["store"]["collection"].startswith(proxy.chroma_prefix)
+    assert kb["vectorstore"]["set_by"] == "knowledge_bases.big.vectorstore"
+
+    panel.login()
+    panel.nav("kbs", "kbs-table")
+    expect(panel.tid("kb-row-big").get_by_test_id("kb-store")).to_have_attribute("data-type", "chroma_http")
+    expect(panel.tid("kb-row-big").get_by_test_id("kb-store")).to_contain_text("Chroma")
+    expect(panel.tid("kb-row-small").get_by_test_id("kb-store")).to_have_attribute("data-type", "simple")
+    expect(panel.tid("kb-row-small").get_by_test_id("kb-store")).to_contain_text("built-in")
+    panel.shot("kbs-store")
+    panel.tid("kb-row-big").get_by_test_id("kb-link").click()
+    store = panel.tid("kb-store-card")
+    expect(store.get_by_test_id("kb-store-type")).to_contain_text("Chroma server (chroma_http)")
+    expect(store.get_by_test_id("kb-store-collection")).to_have_text(kb["store"]["collection"])
+    expect(store.get_by_test_id("kb-store-server")).to_contain_text(proxy.chroma_url)
+    expect(store.get_by_test_id("kb-store-role")).to_contain_text("indexer")
+    store.get_by_test_id("kb-store-test").click()
+    result = store.get_by_test_id("kb-store-test-result")
+    expect(result.get_by_test_id("store-test-badge")).to_have_text("OK")
+    expect(result).to_contain_text(f" · {kb['chunks']} vector")
+    expect(store.get_by_test_id("kb-store-state")).to_have_text("reachable")
+    expect(store.get_by_test_id("kb-store-vectors")).to_have_text(str(kb["chunks"]))
+    panel.shot("kb-store-ok")
+
+    # The small KB moves into Chroma from its settings dialog: written to config.yaml, indexed there.
+    panel.page.goto(proxy.url + "/#/kbs/small")
+    panel.tid("kb-edit").click()
+    dialog = panel.tid("kb-dialog")
+    expect(dialog.get_by_test_id("kb-vectorstore")).to_have_value("")
+    dialog.get_by_test_id("kb-vectorstore").select_option("chroma_http")
+    dialog.get_by_test_id("dialog-submit").click()
+    expect(panel.tid("kb-store-card").get_by_test_id("kb-store-type")).to_contain_text("knowledge_bases.small.vectorstore")
+    assert ragproxy.Config.load(str(proxy.config_path), environ={}).knowledge_bases["small"]["vectorstore"] == \
+        "chroma_http"
+    panel.tid("kb-store-test").click()
+    expect(panel.tid("kb-store-test-result").get_by_test_id("store-test-badge")).to_have_text("OK")
+    expect(panel.tid("kb-store-collection")).to_have_text(proxy.chroma_prefix + "small")
+
+    dead = _dead_url()
+    _point_the_config_at(proxy, dead)
+    panel.page.reload()
+    store = panel.tid("kb-store-card")
+    expect(store.get_by_test_id("kb-store-server")).to_contain_text(dead)
+    store.get_by_test_id("kb-store-test").click()
+    result = store.get_by_test_id("kb-store-test-result")
+    expect(result.get_by_test_id("store-test-badge")).to_have_text("Failed")
+    expect(result.get_by_test_id("store-test-message")).not_to_contain_text(dead.rsplit(":", 1)[1])
+    expect(store.get_by_test_id("kb-store-state")).to_have_text("unreachable")
+    panel.shot("kb-store-dead")
+    panel.nav("kbs", "kbs-table")
+    expect(panel.tid("kb-row-big").get_by_test_id("kb-store-state")).to_have_text("unreachable")
+    expect(panel.tid("kb-row-small").get_by_test_id("kb-store")).to_have_attribute("data-type", "chroma_http")
