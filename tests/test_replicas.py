@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
 from conftest import API_KEY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -232,6 +233,26 @@ def test_auto_lease_moves_to_a_survivor_when_the_indexer_dies(tmp_path, fake, ch
         # And it indexes: a new file reaches its answers.
         write(sources, QUINCE)
         wait_for(lambda: survivor.answers(QUINCE), "the new indexer to index a new file", procs)
+        assert survivor.answers(ZEBRA)
+    finally:
+        for p in procs:
+            p.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="the lease is not released on SIGTERM yet: App.close() stops the indexer "
+                   "thread without waiting, so KnowledgeBases._run never reaches its release (requested of core)")
+def test_a_clean_shutdown_hands_the_lease_over_without_waiting_for_it_to_expire(tmp_path, fake, chroma_server,
+                                                                               chroma_prefix):
+    _, procs = start_pair(tmp_path, fake, chroma_server, chroma_prefix, ("auto", "auto"))
+    try:
+        roles = wait_for(lambda: sorted(p.role() or "" for p in procs) == ["indexer", "replica"] and
+                         {p.name: p.role() for p in procs}, "one indexer and one replica", procs)
+        indexer = next(p for p in procs if roles[p.name] == "indexer")
+        survivor = next(p for p in procs if p is not indexer)
+        assert indexer.stop() == 0   # SIGTERM: it releases the lease on the way out
+        # Well inside the lease's lifetime: only a released lease can be taken this soon.
+        wait_for(lambda: survivor.role() == "indexer", "the survivor to take the released lease", procs,
+                 timeout=LEASE_TTL / 2)
         assert survivor.answers(ZEBRA)
     finally:
         for p in procs:
