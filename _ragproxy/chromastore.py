@@ -97,6 +97,8 @@ class ChromaStore(VectorStore):
         self._dirty = False     # this run set the dirty flag (or found it set) and has not committed
         self._leased_at = None  # when this process last wrote the lease, if it holds it
         self.answered = None    # whether the server answered the last check()
+        self._checked = False   # the server, tenant and database were checked since the last failure
+        self.lost = False       # a collection this object had open was not found: it is looked up anew
 
     # -- plumbing --
 
@@ -104,6 +106,10 @@ class ChromaStore(VectorStore):
         try:
             return fn(*args, **kwargs)
         except ChromaError as exc:
+            self._checked = False   # diagnose afresh next time (a tenant removed, a server replaced)
+            if exc.reason == "not_found" and self._ids is not None:
+                self._ids = self._records = None  # a collection deleted behind our back is looked up again
+                self.lost = True
             # The address goes to the log only (debug here, once per change of state in ChromaKB).
             log.debug("kb %s: Chroma at %s, %s: %s", self.kb, loggable_url(self.client.base_url), what, exc)
             raise VectorStoreError(f"knowledge base {self.kb!r}, Chroma collection {self.collection!r}: "
@@ -116,7 +122,9 @@ class ChromaStore(VectorStore):
         """Find (or make) the two collections and check they are ragproxy's; False if absent and not made."""
         if self._ids is not None:
             return True
-        self._call("connecting", self.client.check)
+        if not self._checked:
+            self._call("connecting", self.client.check)
+            self._checked = True
         names, roles = (self.collection, self.files_collection), ("chunks", "files")
         found = [self._call("looking up a collection", self.client.get_collection, name) for name in names]
         for doc, role in zip(found, roles):
@@ -209,6 +217,10 @@ class ChromaStore(VectorStore):
         if self._records is None:
             self.load()
         return dict(self._records)
+
+    @property
+    def collection_id(self):
+        return self._ids[0] if self._ids is not None else None
 
     @property
     def dirty(self):
@@ -464,7 +476,7 @@ class ChromaKB:
         self.clock = clock
         self.role = None   # "indexer" | "replica", known after the first poll (or run)
         self.settings = None  # the settings of the commit the mirror copies
-        self.synced = None    # the commit version the mirror holds
+        self.synced = None    # (collection id, commit version) the mirror holds
         self._rows = (None, {})  # (generation name, {chunk id: row})
         self._status = {"reachable": None, "error": None, "checked_at": None, "vectors": None}
 
@@ -494,12 +506,21 @@ class ChromaKB:
                                 checked_at=self.clock())
         return out
 
-    def _guard(self, fn, *args):
+    def _guard(self, fn, *args, again=False):
+        """Run a store operation, noting the outcome in the status; ``again``: a read, tried once more
+        if it found its collection gone (deleted and made anew: it is looked up by name again)."""
+        self.store.lost = False
         try:
             out = fn(*args)
         except VectorStoreError as exc:
-            self._failed(exc)
-            raise
+            if not (again and self.store.lost):
+                self._failed(exc)
+                raise
+            try:
+                out = fn(*args)
+            except VectorStoreError as exc:
+                self._failed(exc)
+                raise
         self._ok()
         return out
 
@@ -525,7 +546,7 @@ class ChromaKB:
             if self.may_index():
                 return was != "indexer"
             if sync():
-                log.info("kb %s: mirror brought up to Chroma commit %s", self.name, self.synced)
+                log.info("kb %s: mirror brought up to Chroma commit %s", self.name, self.synced[1])
         except VectorStoreError:
             pass  # logged when the store's state changed
         return False
@@ -542,11 +563,19 @@ class ChromaKB:
             marker = json.loads(generation.read_file(MIRROR_FILE))
         except (OSError, ValueError):
             return None
-        return marker if isinstance(marker, dict) and marker.get("collection") == self.store.collection else None
+        if not isinstance(marker, dict) or marker.get("collection") != self.store.collection:
+            return None
+        # A collection deleted and made again has the name but not the id: its mirror is not this one's.
+        return marker if marker.get("id") == self.store.collection_id else None
+
+    def _stamp(self, version):
+        """The mirror generation's file naming the collection and commit it copies."""
+        return {MIRROR_FILE: json.dumps({"collection": self.store.collection, "id": self.store.collection_id,
+                                         "version": version}).encode("utf-8")}
 
     def sync(self):
         """Bring the mirror up to Chroma's commit; True if it changed.  Raises VectorStoreError."""
-        return self._guard(self._sync)
+        return self._guard(self._sync, again=True)
 
     def _sync(self):
         store = self.store
@@ -558,9 +587,9 @@ class ChromaKB:
         generation, _ = self.current()
         marker = self._mirror_marker(generation)
         version = int(commit.get("version", 0))
-        if self.synced == version or (marker is not None and marker.get("version") == version
-                                      and self.synced is None):
-            self.synced = version
+        key = (store.collection_id, version)
+        if self.synced == key or (self.synced is None and marker is not None and marker.get("version") == version):
+            self.synced = key
             return False
         records = store.load()
         again = store.read_commit()
@@ -569,7 +598,7 @@ class ChromaKB:
         changed = self._rebuild(records, commit.get("settings"), version, generation, marker)
         if changed is None:
             return False
-        self.synced, self.settings = version, commit.get("settings")
+        self.synced, self.settings = key, commit.get("settings")
         self._status["vectors"] = sum(len(r.get("chunk_ids", [])) for r in records.values())
         return changed
 
@@ -577,7 +606,7 @@ class ChromaKB:
         """Write a mirror generation holding ``records`` if it does not already; None: try again later."""
         ours = generation.manifest if marker is not None else {}
         fetch = sorted(s for s, r in records.items() if file_record(ours.get(s) or {}) != r)
-        if marker is not None and not fetch and set(ours) == set(records):
+        if marker is not None and marker.get("version") == version and not fetch and set(ours) == set(records):
             return False
         ids = [cid for s in fetch for cid in records[s].get("chunk_ids", [])]
         by_id = {c["id"]: c for c in self.store.get_chunks(ids)} if ids else {}
@@ -589,8 +618,7 @@ class ChromaKB:
                          self.name, source)
                 return None
             fetched[source] = chunks
-        marker = json.dumps({"collection": self.store.collection, "version": version}).encode("utf-8")
-        self.write_mirror(records, fetched, settings or {}, {MIRROR_FILE: marker})
+        self.write_mirror(records, fetched, settings or {}, self._stamp(version))
         return True
 
     # -- indexing --
@@ -601,7 +629,7 @@ class ChromaKB:
         Afterwards the mirror's manifest is Chroma's records, so the run diffs
         the disk against the shared truth.
         """
-        self._guard(self._prepare)
+        self._guard(self._prepare, again=True)
 
     def _prepare(self):
         store = self.store
@@ -614,15 +642,15 @@ class ChromaKB:
         if commit.get("dirty"):
             log.warning("kb %s: the last run on Chroma did not finish; sweeping what it left", self.name)
             store.adopt_dirty()
-        elif marker is not None and version and version in (marker.get("version"), self.synced):
+        elif marker is not None and version and marker.get("version") == version:
             store.set_records(generation.manifest)  # in step with Chroma: no need to read every record
-            self.synced = version
+            self.synced = (store.collection_id, version)
             return
         records = store.files()
         if self._rebuild(records, self.settings, version, generation, marker) is None:
             raise store._error("the Chroma records changed while they were read (another indexer?): retried "
                                "on the next run")
-        self.synced = version
+        self.synced = (store.collection_id, version)
 
     def write_file(self, source, entry, chunks, vectors):
         self._guard(self.store.replace_file, source, entry, chunks, vectors)
@@ -630,7 +658,8 @@ class ChromaKB:
     def finish_index(self, manifest, settings):
         """After a run's files: delete what went, fix changed records, commit if anything was written.
 
-        Returns the mirror generation's extra file naming the commit it stands for.
+        Returns the mirror generation's file naming the commit it stands for, or {} when nothing was
+        committed (the mirror is then already in step).
         """
         def finish():
             store = self.store
@@ -640,16 +669,17 @@ class ChromaKB:
             for source, entry in sorted(manifest.items()):
                 if records.get(source) != file_record(entry):
                     store.put_record(source, entry)
-            if store.dirty:
+            committed = store.dirty
+            if committed:
                 store.commit(settings)
                 self._status["vectors"] = store.count()
-            self.settings, self.synced = settings, store.version
-            return {MIRROR_FILE: json.dumps({"collection": store.collection, "version": store.version}).encode()}
+            self.settings, self.synced = settings, (store.collection_id, store.version)
+            return self._stamp(store.version) if committed else {}
         return self._guard(finish)
 
     def dense_rows(self, generation, vector, k):
         """Dense top-k on Chroma as (row, score) in the mirror; ids the mirror does not hold are dropped."""
-        found = self._guard(self.store.dense_search, vector, k)
+        found = self._guard(self.store.dense_search, vector, k, again=True)
         name, table = self._rows
         if name != generation.name:
             table = id_rows(generation)

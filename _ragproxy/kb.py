@@ -301,7 +301,7 @@ class KnowledgeBase:
             extra = {}
             if self.chroma is not None:  # Chroma first: it is the truth, and the mirror records its version
                 extra = self.chroma.finish_index(manifest, self._settings())
-            if not batch.changed and not report.deleted and old is not None and not full \
+            if not extra and not batch.changed and not report.deleted and old is not None and not full \
                     and manifest == old_manifest:
                 # The background indexer lands here on every poll: no writer,
                 # no forward index, no vocabulary copy were made for nothing.

@@ -458,3 +458,22 @@ def test_the_routes_failure_policy_applies_when_chroma_is_down(make_proxy, fake,
         assert reply.choices[0].message.content.startswith("ECHO")   # forwarded without context
     status = down.app.knowledge_bases.get("vec").store_status()
     assert status["reachable"] is False and str(port) not in status["error"]
+
+
+def test_collections_deleted_to_change_the_embedding_model_are_rebuilt_whole(tmp_path, chroma_server, chroma_prefix):
+    docs = corpus(tmp_path, 6, random.Random(21))
+    kb = make_kb(tmp_path, chroma_spec(chroma_server, chroma_prefix))
+    kb.index()
+    replica = make_kb(tmp_path / "replica", chroma_spec(chroma_server, chroma_prefix, indexer="never"))
+    assert replica.sync()
+    client = ChromaClient(chroma_server.url)
+    for name in ("kb", "kb.files"):   # what the dimension error tells an operator to do
+        client.delete_collection(chroma_prefix + name)
+    client.close()
+    smaller = make_kb(tmp_path, chroma_spec(chroma_server, chroma_prefix), embedder=Embedder(dims=32))
+    assert smaller.index().added == 6   # the mirror named the old collection: everything is written anew
+    assert_converged(smaller, chroma_server, chroma_prefix, docs)
+    assert kb.index().unchanged == 6   # it held the old collections' ids: they are looked up again
+    assert replica.sync()
+    replica.embedder = Embedder(dims=32)
+    assert len(replica.search("doc", 3, mode="dense")) == 3
