@@ -215,7 +215,7 @@ class ChromaClient:
                            f" {message}", status)
 
     def _scrub(self, text):
-        for secret in self._secrets:
+        for secret in sorted(self._secrets, key=len, reverse=True):  # the whole URL before its host alone
             text = text.replace(secret, "<chroma server>")
         return text
 
@@ -228,7 +228,7 @@ class ChromaClient:
             return int(doc["nanosecond heartbeat"])
         except (TypeError, KeyError, ValueError):
             raise ChromaError("bad_response", "the server's heartbeat is not Chroma's v2 heartbeat: check that"
-                              f" {_CONFIG}.base_url points at a Chroma 1.x server") from None
+                              f" {_CONFIG}.base_url points at a Chroma 1.x server", 200) from None
 
     def version(self):
         """The server's version string."""
@@ -241,7 +241,7 @@ class ChromaClient:
                 size = int(doc["max_batch_size"])
             except (TypeError, KeyError, ValueError):
                 raise ChromaError("bad_response", "the server's pre-flight checks carry no max_batch_size: check that"
-                                  f" {_CONFIG}.base_url points at a Chroma 1.x server") from None
+                                  f" {_CONFIG}.base_url points at a Chroma 1.x server", 200) from None
             self._preflight = {"max_batch_size": max(size, 1),
                                "base64": bool(doc.get("supports_base64_encoding", False))}
         return self._preflight
@@ -289,7 +289,7 @@ class ChromaClient:
                               what="listing collections")
             if not isinstance(docs, list):
                 raise ChromaError("bad_response", "the Chroma server's collection list is not a list: check that"
-                                  f" {_CONFIG}.base_url points at a Chroma 1.x server")
+                                  f" {_CONFIG}.base_url points at a Chroma 1.x server", 200)
             out.extend(_collection(doc) for doc in docs)
             if len(docs) < page:
                 return out
@@ -395,7 +395,7 @@ class ChromaClient:
                         out[key].extend(values)
             except (TypeError, KeyError, AttributeError):
                 raise ChromaError("bad_response", "the Chroma server's answer to get has no ids: check that"
-                                  f" {_CONFIG}.base_url points at a Chroma 1.x server") from None
+                                  f" {_CONFIG}.base_url points at a Chroma 1.x server", 200) from None
         return out
 
     def delete(self, collection_id, ids=None, where=None):
@@ -431,7 +431,7 @@ class ChromaClient:
             return list(zip(doc["ids"][0], [float(d) for d in doc["distances"][0]]))
         except (TypeError, KeyError, IndexError, ValueError):
             raise ChromaError("bad_response", "the Chroma server's answer to a query has no ids and distances:"
-                              f" check that {_CONFIG}.base_url points at a Chroma 1.x server") from None
+                              f" check that {_CONFIG}.base_url points at a Chroma 1.x server", 200) from None
 
     def close(self):
         """Close every thread's kept connection (a later call opens a new one)."""
@@ -459,7 +459,7 @@ def _os_reason(exc):
 def _collection(doc):
     if not isinstance(doc, dict) or "id" not in doc:
         raise ChromaError("bad_response", "the Chroma server's collection has no id: check that"
-                          f" {_CONFIG}.base_url points at a Chroma 1.x server")
+                          f" {_CONFIG}.base_url points at a Chroma 1.x server", 200)
     config = doc.get("configuration_json") or {}
     hnsw = config.get("hnsw") or {}
     spann = config.get("spann") or {}

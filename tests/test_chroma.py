@@ -2,12 +2,17 @@
 fixture), and against scripted servers for what a real one will not do on demand (hang, drop a
 kept connection, answer garbage)."""
 import array
+import base64
+import json
+import os
 import socket
+import ssl
+import sys
 import threading
 import uuid
 
 import pytest
-from conftest import brute_force, chroma_client, random_rows, unit
+from conftest import TLS_DIR, brute_force, chroma_client, random_rows, unit
 
 from _ragproxy import deps
 from _ragproxy.chroma import HNSW_SETTINGS, ChromaClient, ChromaError
@@ -292,3 +297,295 @@ def test_a_closed_port_is_unreachable():
     assert err.value.reason == "unreachable" and err.value.unreachable and err.value.status is None
     assert "vectorstore.chroma_http.base_url" in str(err.value)
     assert_no_address(str(err.value), url)
+
+
+# --- scripted servers: what a real Chroma will not do on demand -------------------
+
+class ScriptedServer:
+    """A raw HTTP/1.1 server on 127.0.0.1 that treats its requests, in arrival order, as ``script``
+    says, then as ``default``: "ok" (answer, keep the connection), "ok-then-close" (answer, then close
+    without a Connection: close header, as an idle timeout does), "drop" (read it, close unanswered),
+    "hang" (never answer), or (status, body bytes).  ``requests`` records (connection number, method,
+    path, headers with lower-case names, body)."""
+
+    def __init__(self, script=(), default="ok", max_batch_size=100, base64=True, tls=None):
+        self.script = list(script)
+        self.default = default
+        self.preflight = {"max_batch_size": max_batch_size, "supports_base64_encoding": base64}
+        self.requests = []
+        self.connections = 0
+        self._tls = tls
+        self._lock = threading.Lock()
+        self._socks = []
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port = self._listener.getsockname()[1]
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._listener.close()
+        with self._lock:
+            for s in self._socks:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def _accept(self):
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+                number = self.connections
+                self._socks.append(sock)
+            threading.Thread(target=self._serve, args=(sock, number), daemon=True).start()
+
+    def _serve(self, sock, number):
+        try:
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_side=True)
+                with self._lock:
+                    self._socks.append(sock)
+            rfile = sock.makefile("rb")
+            while True:
+                line = rfile.readline()
+                if not line:
+                    return
+                method, path, _ = line.decode("latin-1").split(" ", 2)
+                headers = {}
+                while True:
+                    h = rfile.readline().decode("latin-1").strip()
+                    if not h:
+                        break
+                    name, value = h.split(":", 1)
+                    headers[name.strip().lower()] = value.strip()
+                body = rfile.read(int(headers.get("content-length", 0)))
+                with self._lock:
+                    self.requests.append((number, method, path, headers, body))
+                    action = self.script.pop(0) if self.script else self.default
+                if action == "drop":
+                    return
+                if action == "hang":
+                    threading.Event().wait(60)
+                    return
+                status, payload = action if isinstance(action, tuple) else (200, self._answer(path, body))
+                sock.sendall(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                             % (status, len(payload)) + payload)
+                if action == "ok-then-close":
+                    return
+        except (OSError, ValueError):
+            return
+        finally:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _answer(self, path, body):
+        if path.endswith("/heartbeat"):
+            doc = {"nanosecond heartbeat": 1234}
+        elif path.endswith("/pre-flight-checks"):
+            doc = self.preflight
+        elif path.endswith("/version"):
+            doc = "1.0.0"
+        elif path.endswith("/count"):
+            doc = 0
+        elif path.endswith("/get"):
+            ids = json.loads(body).get("ids") or []
+            doc = {"ids": ids, "documents": [None] * len(ids), "metadatas": [None] * len(ids)}
+        elif path.endswith("/query"):
+            doc = {"ids": [["a", "b"]], "distances": [[0.125, 0.5]]}
+        elif "/collections/" in path:
+            doc = {"id": "abc", "name": path.rsplit("/", 1)[1]}
+        else:
+            doc = {}
+        return json.dumps(doc).encode()
+
+    def paths(self):
+        return [r[2] for r in self.requests]
+
+    def bodies(self, tail):
+        return [json.loads(r[4]) for r in self.requests if r[2].endswith(tail)]
+
+
+def test_a_server_that_never_answers_times_out():
+    with ScriptedServer(default="hang") as server:
+        c = ChromaClient(server.url, timeout=0.3)
+        with pytest.raises(ChromaError) as err:
+            c.heartbeat()
+    assert err.value.reason == "timeout" and err.value.unreachable and err.value.status is None
+    assert "vectorstore.chroma_http.timeout" in str(err.value)
+    assert_no_address(str(err.value), server.url)
+    assert len(server.requests) == 1  # a timeout is not retried: it would only double the wait
+
+
+def test_calls_reuse_one_kept_connection_per_thread():
+    with ScriptedServer() as server:
+        c = ChromaClient(server.url)
+        for _ in range(5):
+            c.heartbeat()
+        assert server.connections == 1 and len(server.requests) == 5
+        other = threading.Thread(target=c.heartbeat)
+        other.start()
+        other.join()
+        c.heartbeat()
+        assert server.connections == 2 and [r[0] for r in server.requests] == [1] * 5 + [2, 1]
+        c.close()
+        c.heartbeat()
+        assert server.connections == 3
+
+
+def test_a_stale_kept_connection_is_reopened_and_the_call_sent_once_more():
+    with ScriptedServer(["ok-then-close"]) as server:
+        c = ChromaClient(server.url)
+        assert c.heartbeat() == 1234
+        assert c.count("some-id") == 0  # its kept connection was closed under it
+    assert server.connections == 2
+    assert [(r[0], r[2].rsplit("/", 1)[1]) for r in server.requests] == [(1, "heartbeat"), (2, "count")]
+
+
+def test_a_stale_connection_is_retried_once_only():
+    with ScriptedServer(["ok", "drop", "drop"]) as server:
+        c = ChromaClient(server.url)
+        c.heartbeat()
+        with pytest.raises(ChromaError) as err:
+            c.heartbeat()
+    assert err.value.reason == "unreachable" and err.value.unreachable
+    assert_no_address(str(err.value), server.url)
+    assert [r[0] for r in server.requests] == [1, 1, 2]
+
+
+def test_a_fresh_connection_that_fails_is_not_retried():
+    with ScriptedServer(["drop"]) as server:
+        with pytest.raises(ChromaError) as err:
+            ChromaClient(server.url).heartbeat()
+    assert err.value.reason == "unreachable" and len(server.requests) == 1
+
+
+def test_a_call_that_is_not_safe_to_repeat_is_not_retried():
+    with ScriptedServer(["ok-then-close"]) as server:
+        c = ChromaClient(server.url)
+        c.heartbeat()
+        with pytest.raises(ChromaError) as err:
+            c.create_collection("kb", get_or_create=False)  # a repeat could answer "already exists"
+        assert err.value.reason == "unreachable"
+        assert len(server.requests) == 1
+        c.heartbeat()  # the next call reconnects
+    assert server.connections == 2
+
+
+def test_writes_and_reads_are_split_at_max_batch_size():
+    with ScriptedServer(max_batch_size=3) as server:
+        c = ChromaClient(server.url)
+        ids = [f"r{i}" for i in range(8)]
+        rows = [[float(i), 0.5, -1.25] for i in range(8)]
+        c.upsert("col", ids, rows, documents=[f"d{i}" for i in range(8)], metadatas=[{"n": i} for i in range(8)])
+        c.get("col", ids=ids)
+        c.delete("col", ids=ids)
+        c.get("col", ids=ids, limit=5)  # a limit applies to the whole answer: one request
+    upserts = server.bodies("/upsert")
+    assert [b["ids"] for b in upserts] == [ids[0:3], ids[3:6], ids[6:8]]
+    assert [b["documents"] for b in upserts][2] == ["d6", "d7"] and upserts[1]["metadatas"][0] == {"n": 3}
+    sent = [array.array("f", base64.b64decode(e)) for b in upserts for e in b["embeddings"]]
+    if sys.byteorder == "big":
+        for a in sent:
+            a.byteswap()
+    assert [list(a) for a in sent] == rows  # exact: these values are float32 already
+    assert [len(b["ids"]) for b in server.bodies("/get")] == [3, 3, 2, 8]
+    assert [b["ids"] for b in server.bodies("/delete")] == [ids[0:3], ids[3:6], ids[6:8]]
+    assert server.paths().count("/api/v2/pre-flight-checks") == 1  # asked once
+
+
+def test_embeddings_go_as_json_numbers_to_a_server_without_base64():
+    with ScriptedServer(base64=False) as server:
+        ChromaClient(server.url).upsert("col", ["a"], [array.array("f", [0.5, -2.0])])
+    assert server.bodies("/upsert")[0]["embeddings"] == [[0.5, -2.0]]
+
+
+def test_query_sends_one_vector_and_returns_id_distance_pairs():
+    with ScriptedServer() as server:
+        got = ChromaClient(server.url).query("col", [0.25, 1.0], 2, where={"source": "a.md"})
+    assert got == [("a", 0.125), ("b", 0.5)]
+    body = server.bodies("/query")[0]
+    assert body["query_embeddings"] == [[0.25, 1.0]] and body["n_results"] == 2
+    assert body["where"] == {"source": "a.md"} and "distances" in body["include"]
+
+
+def test_the_token_goes_in_x_chroma_token():
+    with ScriptedServer() as server:
+        ChromaClient(server.url, token="s3cret").heartbeat()
+        ChromaClient(server.url).heartbeat()
+    assert server.requests[0][3]["x-chroma-token"] == "s3cret"
+    assert "x-chroma-token" not in server.requests[1][3]
+
+
+def test_paths_carry_tenant_database_and_a_url_prefix():
+    with ScriptedServer() as server:
+        c = ChromaClient(server.url + "/chroma/", tenant="team a", database="db/1")
+        c.count("abc")
+        c.get_collection("kb.v2")
+    assert server.paths() == ["/chroma/api/v2/tenants/team%20a/databases/db%2F1/collections/abc/count",
+                              "/chroma/api/v2/tenants/team%20a/databases/db%2F1/collections/kb.v2"]
+
+
+@pytest.mark.parametrize("answer, reason, words", [
+    ((500, b'{"error":"InternalError","message":"disk full"}'), "server_error", "disk full"),
+    ((503, b"<html>Service Unavailable</html>"), "server_error", "HTTP 503"),
+    ((401, b'{"error":"AuthError","message":"no"}'), "bad_request", "vectorstore.chroma_http.token"),
+    ((200, b"<html>not json</html>"), "bad_response", "vectorstore.chroma_http.base_url"),
+    ((200, b'{"something": "else"}'), "bad_response", "Chroma 1.x"),
+])
+def test_bad_answers_are_clear_errors(answer, reason, words):
+    with ScriptedServer([answer]) as server:
+        with pytest.raises(ChromaError) as err:
+            ChromaClient(server.url).heartbeat()
+    assert err.value.reason == reason and words in str(err.value) and not err.value.unreachable
+    assert err.value.status == answer[0]
+    assert_no_address(str(err.value), server.url)
+
+
+def test_a_server_message_that_names_the_address_is_scrubbed():
+    with ScriptedServer() as server:
+        echo = json.dumps({"error": "X", "message": f"cannot reach {server.url}/api/v2 (127.0.0.1:{server.port})"})
+        server.script.append((500, echo.encode()))
+        with pytest.raises(ChromaError) as err:
+            ChromaClient(server.url).count("col")
+    assert_no_address(str(err.value), server.url)
+    assert "<chroma server>" in str(err.value)
+
+
+def test_check_says_when_no_v2_api_answers():
+    with ScriptedServer([(404, b"<html>Not Found</html>")]) as server:
+        with pytest.raises(ChromaError) as err:
+            ChromaClient(server.url).check()
+    assert err.value.reason == "bad_response" and "v2" in str(err.value)
+
+
+def tls_context():
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(os.path.join(TLS_DIR, "server.pem"), os.path.join(TLS_DIR, "server.key"))
+    return context
+
+
+def test_https_with_a_trusted_certificate():
+    trust = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.pem"))
+    with ScriptedServer(tls=tls_context()) as server:
+        c = ChromaClient(server.url, ssl_context=trust)
+        assert c.heartbeat() == 1234 and c.heartbeat() == 1234
+    assert server.connections == 1
+
+
+def test_https_with_an_untrusted_certificate_is_unreachable_naming_the_certificate():
+    with ScriptedServer(tls=tls_context()) as server:
+        with pytest.raises(ChromaError) as err:
+            ChromaClient(server.url).heartbeat()
+    assert err.value.reason == "unreachable" and "certificate" in str(err.value)
+    assert_no_address(str(err.value), server.url)
