@@ -1147,6 +1147,19 @@ def test_the_vectorstore_test_reports_a_dead_server_without_its_address(admin_pr
     assert "unreachable" in body["message"] and dead.rsplit(":", 1)[1] not in body["message"]
 
 
+def test_a_chroma_server_that_never_answers_is_a_timeout_after_the_configured_seconds(make_admin_proxy, fake):
+    import socket
+    with socket.socket() as silent:   # the kernel completes the connect; nothing ever reads or answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        proxy = make_admin_proxy(proxy_config(fake.url, extra=(
+            f"vectorstore:\n  chroma_http:\n    base_url: {url}\n    timeout: 0.3\n")))
+        status, _, body = proxy.admin().post("/admin/api/vectorstore/test")
+    assert status == 200 and body["ok"] is False and body["reason"] == "timeout", body
+    assert "0.3s" in body["message"] and "vectorstore.chroma_http.timeout" in body["message"]
+
+
 @pytest.mark.parametrize("body, fragment", [
     ({"base_url": "chroma:8000"}, "http:// or https:// URL"),
     ({"base_url": 8000}, "'base_url' must be a string"),
