@@ -239,8 +239,10 @@ def test_auto_lease_moves_to_a_survivor_when_the_indexer_dies(tmp_path, fake, ch
             p.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="the lease is not released on SIGTERM yet: App.close() stops the indexer "
-                   "thread without waiting, so KnowledgeBases._run never reaches its release (requested of core)")
+# Not strict: whether the daemon indexer thread reaches its release before the interpreter exits is a race
+# (3.11 loses it every time here, 3.9 won it).  Drop the marker once App.close() waits for the release.
+@pytest.mark.xfail(reason="the lease is not reliably released on SIGTERM yet: App.close() stops the indexer "
+                   "thread without waiting, so KnowledgeBases._run may never reach its release (requested of core)")
 def test_a_clean_shutdown_hands_the_lease_over_without_waiting_for_it_to_expire(tmp_path, fake, chroma_server,
                                                                                chroma_prefix):
     _, procs = start_pair(tmp_path, fake, chroma_server, chroma_prefix, ("auto", "auto"))
