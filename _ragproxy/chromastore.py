@@ -299,35 +299,62 @@ class ChromaStore(VectorStore):
     def put_record(self, source, record):
         """Replace a file's record only (its chunks are unchanged: a new mtime, a new upload name)."""
         self._before_write()
+        self._put_records([(source, file_record(record))])
+
+    def _put_records(self, items):
         _, files = self._ids
-        record = file_record(record)
-        self._call("writing a file record", self.client.upsert, files, [_FILE + source], [_PLACEHOLDER],
-                   documents=[json.dumps(record, sort_keys=True, ensure_ascii=False)],
-                   metadatas=[{"ragproxy_record": "file"}])
-        self.writes["records_upserted"] += 1
-        self._records[source] = record
+        self._call("writing file records", self.client.upsert, files, [_FILE + s for s, _ in items],
+                   [_PLACEHOLDER] * len(items),
+                   documents=[json.dumps(r, sort_keys=True, ensure_ascii=False) for _, r in items],
+                   metadatas=[{"ragproxy_record": "file"}] * len(items))
+        self.writes["records_upserted"] += len(items)
+        for source, record in items:
+            self._records[source] = record
 
     def replace_file(self, source, record, chunks, vectors=None):
-        record = file_record(record)
-        ids = [c["id"] for c in chunks]
-        if ids != list(record.get("chunk_ids", [])):
-            raise self._error(f"{source}: the record's chunk_ids do not match its chunks")
-        if vectors is not None and len(vectors) != len(chunks):
-            raise self._error(f"{source}: {len(vectors)} vectors for {len(chunks)} chunks")
-        dim = len(vectors[0]) if vectors is not None and len(vectors) else (0 if vectors is None else None)
+        self.replace_files([(source, record, chunks, vectors)])
+
+    def replace_files(self, files):
+        """replace_file() for several ``(source, record, chunks, vectors)`` in three requests, not three each.
+
+        Every file's chunks are written before any of their records, so each
+        file is still whole or absent at any moment (a kill in between leaves
+        chunks no record names, which the next run sweeps).
+        """
+        items, dims = [], set()
+        for source, record, chunks, vectors in files:
+            record = file_record(record)
+            ids = [c["id"] for c in chunks]
+            if ids != list(record.get("chunk_ids", [])):
+                raise self._error(f"{source}: the record's chunk_ids do not match its chunks")
+            if vectors is not None and len(vectors) != len(chunks):
+                raise self._error(f"{source}: {len(vectors)} vectors for {len(chunks)} chunks")
+            if vectors is None:
+                dims.add(0)
+            elif len(vectors):
+                dims.add(len(vectors[0]))
+            items.append((source, record, chunks, vectors))
+        if not items:
+            return
+        if len(dims) > 1:
+            raise self._error(f"vectors of different dimensions in one write: {sorted(dims)}")
         self._before_write()
-        if dim is not None:
-            self._set_dim(dim)  # before anything is written: a mismatch leaves the file as it was
+        for dim in dims:
+            self._set_dim(dim)  # before anything is written: a mismatch leaves every file as it was
         col, _ = self._ids
-        old = self._records.get(source)
-        if chunks:
-            self._call("writing chunks", self.client.upsert, col, ids,
-                       vectors if vectors is not None else [_PLACEHOLDER] * len(ids),
-                       documents=[c.get("text", "") for c in chunks],
-                       metadatas=[_chunk_metadata(c, source, record.get("hash", "")) for c in chunks])
+        ids, rows, texts, metas = [], [], [], []
+        for source, record, chunks, vectors in items:
+            ids += [c["id"] for c in chunks]
+            rows += list(vectors) if vectors is not None else [_PLACEHOLDER] * len(chunks)
+            texts += [c.get("text", "") for c in chunks]
+            metas += [_chunk_metadata(c, source, record.get("hash", "")) for c in chunks]
+        if ids:
+            self._call("writing chunks", self.client.upsert, col, ids, rows, documents=texts, metadatas=metas)
             self.writes["chunks_upserted"] += len(ids)
-        self.put_record(source, record)
-        stale = sorted(set(old.get("chunk_ids", [])) - set(ids)) if old else []
+        olds = {source: self._records.get(source) for source, _, _, _ in items}
+        self._put_records([(source, record) for source, record, _, _ in items])
+        stale = sorted({cid for source, record, _, _ in items for cid in (olds[source] or {}).get("chunk_ids", [])
+                        if cid not in set(record["chunk_ids"])})
         if stale:
             self._call("deleting replaced chunks", self.client.delete, col, ids=stale)
             self.writes["chunks_deleted"] += len(stale)
@@ -652,8 +679,9 @@ class ChromaKB:
                                "on the next run")
         self.synced = (store.collection_id, version)
 
-    def write_file(self, source, entry, chunks, vectors):
-        self._guard(self.store.replace_file, source, entry, chunks, vectors)
+    def write_files(self, files):
+        """Write ``(source, manifest entry, chunk dicts, vectors or None)`` files to Chroma, whole."""
+        self._guard(self.store.replace_files, files)
 
     def finish_index(self, manifest, settings):
         """After a run's files: delete what went, fix changed records, commit if anything was written.

@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -747,7 +748,8 @@ class _EmbedBatch:
     def add(self, source, entry, chunks, before):
         self.pending.append((source, entry, chunks, before))
         self.count += len(chunks)
-        if not self.dense or self.count >= self.SIZE:
+        # One file at a time into a local writer; on Chroma every flush costs requests, so it batches too.
+        if (not self.dense and self.kb.chroma is None) or self.count >= self.SIZE:
             self.flush()
 
     def open(self):
@@ -777,12 +779,14 @@ class _EmbedBatch:
                 return
         writer, forward = self.open()
         start, remote = 0, self.kb.chroma
+        if remote is not None:  # the files are on Chroma, whole, before the mirror gets them
+            bounds = itertools.accumulate([0] + [len(chunks) for _, _, chunks, _ in pending])
+            remote.write_files([(source, entry, [c.to_json() for c in chunks], None if vectors is None else
+                                 vectors[a:a + len(chunks)]) for (source, entry, chunks, _), a in zip(pending, bounds)])
         for source, entry, chunks, _ in pending:
             self.manifest[source] = dict(entry, row=writer.chunk_count)
             rows = vectors[start:start + len(chunks)] if vectors is not None else None
             start += len(chunks)
-            if remote is not None:  # the file is on Chroma, whole, before the mirror gets it
-                remote.write_file(source, entry, [c.to_json() for c in chunks], rows)
             if not chunks:
                 continue
             writer.add_chunks([c.to_json() for c in chunks])
