@@ -1,6 +1,9 @@
 """Reading a request's JSON body, and editing it without re-encoding what did not change.
 
-json_object_of parses a body or says, as a 400, what is wrong with it.
+json_object_of parses a body or says, as a 400, what is wrong with it;
+json_object_with_members does the same and finds the body's Members in the
+same pass, for a request retrieval will read (leading_model, the model a
+body names first, read without parsing, tells which one to use).
 with_model and with_edits put a renamed model or injected context into the
 body as the client sent it: every byte not edited goes upstream unchanged,
 which is both cheaper than encoding the payload again and faithful to the
