@@ -17,7 +17,7 @@ import pytest
 
 import ragproxy
 from _ragproxy import deps
-from _ragproxy.upstream import _HTTPClientPool, _SocketPool
+from _ragproxy.upstream import _HTTPClientPool, _SocketPool, _send_request
 from conftest import API_KEY, TLS_DIR, openai_for, proxy_config, send_slowly, tls_upstream
 
 
@@ -110,6 +110,40 @@ def test_content_length_body_and_keep_alive(pool, serve):
     first = server.requests[0]
     assert first["line"] == "POST /v1/chat?x=1 HTTP/1.1" and first["body"] == b'{"x":1}'
     assert first["headers"]["host"] == server.url.split("//")[1]
+
+
+def test_request_bodies_of_every_size_arrive_whole(pool, serve):
+    # Head and body go in one gathered write where the socket can (a 120 KB
+    # agent turn among them), on one keep-alive connection.
+    server = serve(lambda n, conn, req: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+    sizes = (1, 1000, 65535, 65536, 65537, 123456, 1_000_000)
+    bodies = [bytes(range(256)) * (size // 256) + b"z" * (size % 256) for size in sizes]
+    for body in bodies:
+        assert call(pool, server.url + "/v1/messages", body=body).read_all() == b"ok"
+    assert [r["body"] for r in server.requests] == bodies
+    assert [r["headers"]["content-length"] for r in server.requests] == [str(size) for size in sizes]
+    assert server.connections == 1
+
+
+class _ShortSends:
+    """A socket whose gathered send takes only ``first`` bytes, as one cut short by a timeout does."""
+
+    def __init__(self, first):
+        self.first, self.data = first, b""
+
+    def sendmsg(self, buffers):
+        self.data += b"".join(buffers)[:self.first]
+        return self.first
+
+    def sendall(self, data):
+        self.data += bytes(data)
+
+
+@pytest.mark.parametrize("first", [0, 3, 10, 11, 15])
+def test_a_gathered_send_cut_short_sends_the_rest(first):
+    sock = _ShortSends(first)
+    _send_request(sock, b"HEAD:1234\r\n", b"body!")
+    assert sock.data == b"HEAD:1234\r\nbody!"
 
 
 def test_chunked_pieces_arrive_as_they_are_sent(pool, serve):
