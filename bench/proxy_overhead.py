@@ -621,10 +621,34 @@ def peer_headers(name, scenario, upstream_port):
 
 class Side:
     """One thing the load goes to: a label, its process (None: the fake upstream itself, "direct"),
-    whether it gets the tool-round body, and which peer's headers it needs."""
+    whether it gets the tool-round body, which peer's headers it needs, and whether it is a
+    ragproxy (whose /metrics say what retrieval did)."""
 
-    def __init__(self, label, child=None, tool_round=False, peer=None):
+    def __init__(self, label, child=None, tool_round=False, peer=None, ragproxy=False):
         self.label, self.child, self.tool_round, self.peer = label, child, tool_round, peer
+        self.ragproxy = ragproxy
+
+
+_REQUESTS_TOTAL = re.compile(r'^ragproxy_requests_total\{[^}]*outcome="([^"]*)"[^}]*\} ([0-9.e+]+)$', re.M)
+
+
+def retrieval_outcomes(port):
+    """ragproxy's requests so far by retrieval outcome (retrieved, cached, no_match, ...), from /metrics."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            data = b""
+            while True:
+                got = sock.recv(65536)
+                if not got:
+                    break
+                data += got
+    except OSError:
+        return {}
+    counts = {}
+    for outcome, value in _REQUESTS_TOTAL.findall(data.decode("utf-8", "replace")):
+        counts[outcome] = counts.get(outcome, 0) + int(float(value))
+    return counts
 
 
 # --------------------------------------------------------------------------
@@ -868,6 +892,7 @@ def run_scenario(name, targets, clients, opts, upstream):
     # Rounds interleave the targets (direct, proxy, direct, proxy, ...) so a
     # burst of outside load on the machine hits both sides alike.
     samples = {side.label: ([], [], [], [0, 0.0, 0], {}) for side in targets}
+    outcomes = {side.label: {} for side in targets}
     payloads = {side.label: side_payload(side, name, opts, upstream.port, model, stream) for side in targets}
     per_round = None if opts.requests is None else max(1, opts.requests // opts.rounds)
     for _ in range(opts.rounds):
@@ -877,9 +902,15 @@ def run_scenario(name, targets, clients, opts, upstream):
             if child is not None:
                 watch["proxy"] = child.pid
             port = child.port if child is not None else upstream.port
+            before = retrieval_outcomes(port) if side.ragproxy else None
             lat, first, delays, errors, elapsed, cpu, injected = run_load(
                 port, payloads[side.label], clients, opts.seconds / opts.rounds, per_round, opts.warmup, stamped,
                 watch)
+            if before is not None:   # the warm-up's requests count here too
+                after = outcomes[side.label]
+                for outcome, n in retrieval_outcomes(port).items():
+                    if n - before.get(outcome, 0):
+                        after[outcome] = after.get(outcome, 0) + n - before.get(outcome, 0)
             all_lat, all_first, all_delays, totals, all_cpu = samples[side.label]
             all_lat += lat
             all_first += first
@@ -896,6 +927,7 @@ def run_scenario(name, targets, clients, opts, upstream):
         result = {
             "scenario": name, "clients": clients, "path": label, "requests": n, "errors": errors,
             "injected": injected,
+            "outcomes": outcomes[label] or None,
             "seconds": round(elapsed, 3), "rps": round(n / elapsed, 1) if elapsed > 0 else None,
             "p50_ms": _ms(percentile(lat, 50)), "p99_ms": _ms(percentile(lat, 99)),
             "first_p50_ms": _ms(percentile(first, 50)) if stream else None,
@@ -1025,6 +1057,21 @@ def print_summary(results, opts, absent):
                      f"{_fmt(r.get('added_p99_ms'), '.2f', True) if 'added_p99_ms' in r else '':>16}"
                      f"{_fmt(cpu, '.0f'):>16}")
         print(line)
+
+
+def print_outcomes(results):
+    """What retrieval did on each ragproxy side, over all its slices (warm-ups included), from its /metrics."""
+    totals = {}
+    for r in results:
+        for outcome, n in (r.get("outcomes") or {}).items():
+            side = totals.setdefault(r["path"], {})
+            side[outcome] = side.get(outcome, 0) + n
+    if not totals:
+        return
+    print()
+    print("ragproxy requests by retrieval outcome (its /metrics, warm-ups included)")
+    for path, counts in totals.items():
+        print(f"  {path:<22}" + ", ".join(f"{outcome} {n}" for outcome, n in sorted(counts.items())))
 
 
 def print_issue20(results, opts):
@@ -1267,11 +1314,11 @@ def main(argv=None):
         if "ragproxy" in opts.side_set:
             for pure in modes:
                 label = "ragproxy-pure" if pure else "ragproxy"
-                targets.append(Side(label, proxy(opts.ragproxy, label, pure)))
+                targets.append(Side(label, proxy(opts.ragproxy, label, pure), ragproxy=True))
         scripts = [("", opts.ragproxy)] + [(f"compare-{i}-", path) for i, path in enumerate(opts.compare, 1)]
         for i, path in enumerate(opts.compare, 1):
             if "ragproxy" in opts.side_set:
-                targets.append(Side(f"compare-{i}", proxy(path, f"compare-{i}", modes[0])))
+                targets.append(Side(f"compare-{i}", proxy(path, f"compare-{i}", modes[0]), ragproxy=True))
         kbs = [name for name in KB_SPECS if f"rag-{name}" in opts.side_set]
         cached_kb = (kbs or ["80k"])[-1] if "cached" in opts.side_set else None
         for prefix, script in scripts:
@@ -1285,7 +1332,8 @@ def main(argv=None):
                     continue
                 kb_facts[name] = facts
                 child = proxy(script, labels[0], modes[0], (data_dir, section))
-                targets += [Side(label, child, tool_round=label.startswith(f"{prefix}cached-")) for label in labels]
+                targets += [Side(label, child, tool_round=label.startswith(f"{prefix}cached-"), ragproxy=True)
+                            for label in labels]
         for name in ("litellm", "portkey"):
             if name not in opts.side_set:
                 continue
@@ -1340,6 +1388,7 @@ def main(argv=None):
         shutil.rmtree(workdir, ignore_errors=True)
     print_verdict(results, opts)
     print_summary(results, opts, absent)
+    print_outcomes(results)
     print_issue20(results, opts)
     if opts.py_spy:
         print(f"\npy-spy samples of the {first_label} process: {opts.py_spy}")

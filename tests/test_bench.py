@@ -292,6 +292,10 @@ def test_proxy_overhead_runs_the_large_body_the_retrieval_model_and_says_which_p
                 "requests"]
             assert rows[(scenario, clients, "cached-scifact")]["injected"] > 0
             assert rows[(scenario, clients, "ragproxy")]["injected"] == 0
+            # Its /metrics say so too: the first round of a turn retrieves, the next one reuses it.
+            assert rows[(scenario, clients, "rag-scifact")]["outcomes"]["retrieved"] >= 10
+            cached = rows[(scenario, clients, "cached-scifact")]
+            assert cached["outcomes"].get("cached", 0) >= cached["requests"] // 2
     assert report["options"]["body_bytes"] == 120000
     assert report["kbs"]["scifact"]["docs"] == 40 and report["kbs"]["scifact"]["chunks"] >= 40
     assert set(report["absent"]) == {"litellm", "portkey"} and report["peers"] == {}
