@@ -202,7 +202,7 @@ class _Parser:
             self.chunk_attributes(tag, i)
         elif tag not in (OPEN, CLOSE, QUERY_OPEN, QUERY_CLOSE, CHUNK_CLOSE):
             known = name + ">" in (OPEN, CLOSE, QUERY_OPEN, QUERY_CLOSE, CHUNK_CLOSE) or name == "<sbproxy-chunk"
-            self.fail("characters after the tag" if known else "unknown tag", i, len(name) + 1 if known else 1)
+            self.fail("characters after the tag" if known else "unknown tag", i, len(name) + 2 if known else 1)
         self.fail(out_of_place, i)
 
     def newline_of(self, i):
@@ -216,8 +216,9 @@ class _Parser:
         if i + 1 >= len(self.lines):
             self.fail("the block is not closed", i, len(line) + 1)
         if (nl == "\r\n") != line.endswith("\r"):
+            # The column of the CR that should not be there, or of where the missing one belongs.
             self.fail("line endings change within the block (%s then %s)"
-                      % (_name(nl), _name("\n" if nl == "\r\n" else "\r\n")), i, len(line))
+                      % (_name(nl), _name("\n" if nl == "\r\n" else "\r\n")), i, len(line) + (nl == "\r\n"))
 
     def block(self):
         opened = self.i
@@ -247,6 +248,8 @@ class _Parser:
                 self.ending_matches(i, nl)
                 self.i = i + 1
                 return Block(query, tuple(chunks), nl, True)
+            if i == len(self.lines) - 1 and not line:
+                self.fail("the block is not closed", i)
             if not _is_tag_line(line):
                 self.fail("text between the elements of a block", i)
             self.ending_matches(i, nl)
