@@ -308,6 +308,21 @@ def test_a_lexical_kb_on_chroma_needs_no_embedder(tmp_path, chroma_server, chrom
     assert replica.sync() and hits(replica, "doc 3", "lexical") == hits(kb, "doc 3", "lexical")
 
 
+def wait_for_dirty(server, prefix, proc, limit=60):
+    """Until the commit record says a run is writing (or the run ended)."""
+    client = ChromaClient(server.url)
+    deadline = time.monotonic() + limit
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            files = client.get_collection(prefix + "kb.files")
+            got = client.get(files["id"], ids=["ragproxy:commit"], include=("metadatas",)) if files else None
+            if got and got["ids"] and got["metadatas"][0].get("dirty"):
+                return
+            time.sleep(0.005)
+    finally:
+        client.close()
+
+
 _INDEXER = """
 import sys
 sys.path[:0] = [{root!r}, {here!r}]
@@ -333,7 +348,7 @@ def test_sigkill_at_random_points_always_leaves_whole_files_and_the_next_run_con
     script = tmp_path / "indexer.py"
     script.write_text(_INDEXER.format(root=ROOT, here=HERE, url=chroma_server.url, prefix=chroma_prefix,
                                       data=str(tmp_path)))
-    landed = 0
+    landed = mid_write = 0
     for round_ in range(20):
         if round_:   # every run has work: some files changed, one gone, one new
             for i in rng.sample(range(n), 25):
@@ -345,13 +360,17 @@ def test_sigkill_at_random_points_always_leaves_whole_files_and_the_next_run_con
                   " ".join(rng.choice(WORDS) for _ in range(200)) + "\n")
         proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 universal_newlines=True)
-        # A handshake on the run's own progress, then a random delay: kills land while files are read,
-        # embedded and written, and (the later ones) while the run commits.
+        # A handshake, then a random delay: on even rounds on the run's progress lines (the kill lands
+        # while files are read and embedded), on odd ones on the dirty flag in Chroma's commit record
+        # (the run has begun writing: the kill lands among its writes or its commit).
         at = rng.randrange(1, n + 1)
         try:
-            for line in proc.stderr:
-                if line.strip() == "done" or (line.split("/")[0].isdigit() and int(line.split("/")[0]) >= at):
-                    break
+            if round_ % 2 == 0:
+                for line in proc.stderr:
+                    if line.strip() == "done" or (line.split("/")[0].isdigit() and int(line.split("/")[0]) >= at):
+                        break
+            else:
+                wait_for_dirty(chroma_server, chroma_prefix, proc)
             time.sleep(rng.uniform(0.0, 0.3))
             proc.send_signal(signal.SIGKILL)
             landed += proc.wait(60) == -signal.SIGKILL
@@ -361,13 +380,16 @@ def test_sigkill_at_random_points_always_leaves_whole_files_and_the_next_run_con
         records, stored = chroma_state(chroma_server, chroma_prefix)
         assert_whole_files(records, stored)   # after the kill, before any clean-up
         kb = make_kb(tmp_path, chroma_spec(chroma_server, chroma_prefix))   # a fresh process's view
+        mid_write += bool((kb.chroma.store.read_commit() or {}).get("dirty"))
         kb.index()
         assert_converged(kb, chroma_server, chroma_prefix, docs)
         assert not kb.chroma.store.read_commit()["dirty"]
         if round_:
             assert kb.search(f"fresh{round_}", 1, mode="lexical")[0].chunk["source"] == f"kb/new{round_}.md"
             assert len(kb.search(f"fresh{round_}", 5, mode="hybrid")) == 5
-    assert landed >= 12   # the kills did land inside the runs
+    print(f"{landed} of 20 kills landed in a run, {mid_write} while it was writing to Chroma")
+    assert landed >= 12     # the kills did land inside the runs,
+    assert mid_write >= 3   # and some between a run's first write to Chroma and its commit
 
 
 def _config(server, prefix, indexer, interval=3600):
