@@ -13,6 +13,7 @@ import pytest
 import ragproxy
 from _ragproxy import docfolder
 from _ragproxy.kb import _kb_spec
+from _ragproxy.vectorstore import StoreSpec
 from fake_upstream import FakeUpstream
 
 
@@ -569,3 +570,38 @@ def test_redaction_at_inject_leaves_the_store_as_written(tmp_path, docs):
     assert kbs.get("kb").spec.redact == ()
     kbs.index_all()
     assert CONTACT in kbs.get("kb").search("who do I page on call", 1)[0].chunk["text"]
+
+
+def test_a_builtin_kb_reports_its_store(tmp_path, docs):
+    kb = make_kb(tmp_path, embedder=_SlowEmbedder(), retrieval="hybrid")
+    assert kb.store_status() == {"type": "simple", "collection": None, "reachable": None, "error": None,
+                                 "role": None, "vectors": 0, "checked_at": None}
+    assert kb.test_store()["message"] == "built-in store: nothing indexed yet"
+    kb.index()
+    chunks = len(kb.current()[0])
+    assert kb.stats()["store"]["vectors"] == chunks
+    test = kb.test_store()
+    assert test["ok"] and test["vectors"] == chunks and test["collection"] is None and test["latency_ms"] >= 0
+    assert not kb.sync()   # only a KB on Chroma has a commit to follow
+
+
+def test_the_vectorstore_keys_make_each_kbs_store_spec():
+    config = ragproxy.Config.from_text("""
+providers:
+  llm: {o: {type: ollama, base_url: "http://127.0.0.1:1"}}
+models: [{name: "*", upstream: o}]
+vectorstore:
+  type: chroma_http
+  chroma_http: {base_url: "http://chroma:8000", tenant: t, database: d, collection_prefix: team_, indexer: never,
+                timeout: 4, sync_interval: 2, token: s3cret}
+knowledge_bases:
+  big: {}
+  small: {vectorstore: simple}
+""", environ={})
+    stores = config.raw["vectorstore"]
+    big = _kb_spec("big", config.knowledge_bases["big"], stores=stores).store
+    assert (big.type, big.base_url, big.tenant, big.database, big.collection_prefix, big.indexer, big.timeout,
+            big.sync_interval, big.token) == ("chroma_http", "http://chroma:8000", "t", "d", "team_", "never", 4, 2,
+                                              "s3cret")
+    assert _kb_spec("small", config.knowledge_bases["small"], stores=stores).store == StoreSpec()
+    assert _kb_spec("big", config.knowledge_bases["big"]).store == StoreSpec()   # no vectorstore block given
