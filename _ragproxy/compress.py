@@ -11,8 +11,8 @@ did not change.  Not wired into the proxy yet.
   application supplied or by lexical similarity to the block's query), in
   their original order; the query always stays.
 * compact_serialization rewrites format="json" chunks as canonical JSON
-  (no whitespace, members sorted by name, numbers and strings as written
-  in value), or as an sbproxy_table_v1 table when the chunk is an array of
+  (no whitespace, members sorted by name, every number exactly as written,
+  every string the same value), or as an sbproxy_table_v1 table when the chunk is an array of
   objects with the same scalar members and the table costs fewer tokens.
 * position_reorder puts the best chunks at the edges of each block, where
   models attend most: rank 1 first, rank 2 last, rank 3 second, rank 4
@@ -143,6 +143,16 @@ def _check_ranking(ranking):
         raise ValueError("ranking is one of %s, not %r" % (", ".join(RANKINGS), ranking))
 
 
+def _check_count(name, value, low, high=None, optional=False):
+    """A lever argument in range (the config layer reports them to users; this guards the function)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or \
+            (high is not None and value > high):
+        raise ValueError("%s must be a number from %s%s, not %r" % (name, low, "" if high is None else
+                                                                   " to %s" % high, value))
+
+
 # -- rag_select ------------------------------------------------------------
 
 def rag_select(messages, api, estimate, min_tokens=0, ranking="auto", max_chunks=None,
@@ -160,6 +170,9 @@ def rag_select(messages, api, estimate, min_tokens=0, ranking="auto", max_chunks
     similarity elsewhere.
     """
     _check_ranking(ranking)
+    _check_count("min_tokens", min_tokens, 0)
+    _check_count("max_chunks", max_chunks, 1, optional=True)
+    _check_count("min_relevance_percent", min_relevance_percent, 0, 100, optional=True)
     lever = "rag_select"
     found, skipped = _context(lever, messages, api)
     if skipped:
@@ -356,6 +369,8 @@ def compact_serialization(messages, api, estimate, min_tokens=0, tabular=True, t
     is on, the array has at least ``tabular_min_rows`` rows, and its
     estimate is strictly lower than the canonical JSON's.
     """
+    _check_count("min_tokens", min_tokens, 0)
+    _check_count("tabular_min_rows", tabular_min_rows, 1)
     lever = "compact_serialization"
     found, skipped = _context(lever, messages, api)
     if skipped:

@@ -170,9 +170,16 @@ def test_rag_select_in_each_api_shape():
     assert ids(out) == [["a"]]
 
 
-def test_rankings_are_checked():
+def test_arguments_are_checked():
+    messages = request(block(SCORED))
+    for kwargs in ({"ranking": "dense"}, {"max_chunks": 0}, {"max_chunks": True}, {"min_relevance_percent": 101},
+                   {"min_relevance_percent": -1}, {"min_tokens": -1}, {"max_chunks": "5"}):
+        with pytest.raises(ValueError):
+            compress.rag_select(messages, "chat", chars, **kwargs)
     with pytest.raises(ValueError):
-        compress.rag_select(request(block(SCORED)), "chat", chars, ranking="dense")
+        compress.position_reorder(messages, "chat", chars, ranking="dense")
+    with pytest.raises(ValueError):
+        compress.compact_serialization(messages, "chat", chars, tabular_min_rows=0)
 
 
 # -- position_reorder ------------------------------------------------------
