@@ -177,10 +177,12 @@ class _Parser:
                     self.fail("more than %d marked blocks in the request" % MAX_BLOCKS, self.i,
                               error=MarkedContextTooLarge)
                 blocks += 1
-                start = offset
+                first, start = self.i, offset
                 block = self.block()
                 segments += [self.text[text_start:start], block]
-                offset = text_start = start + len(render_block(block))
+                # The block's own lines, each with its LF (the last may have none: min).
+                offset = min(len(self.text), start + sum(len(piece) + 1 for piece in self.lines[first:self.i]))
+                text_start = offset
                 continue
             offset += len(line) + 1
             self.i += 1
