@@ -51,6 +51,7 @@ TABLE_FORMAT = "sbproxy_table_v1"
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
+    """What a lever did.  Token counts cover the texts holding marked blocks (0 and 0 when there are none)."""
     lever: str
     applied: bool
     reason: str                  # one of REASONS ("applied" when applied)
