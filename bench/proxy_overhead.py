@@ -952,6 +952,43 @@ def run_scenario(name, targets, clients, opts, upstream):
     return results
 
 
+def median_rows(rows):
+    """One row per (scenario, clients, path): the median of each figure over the runs that measured it,
+    counts summed; with one run, the rows themselves."""
+    groups = {}
+    for row in rows:
+        groups.setdefault((row["scenario"], row["clients"], row["path"]), []).append(row)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        merged = dict(group[0], runs=len(group))
+        for key, value in group[0].items():
+            if key in ("requests", "errors", "injected", "events"):
+                merged[key] = sum(r.get(key) or 0 for r in group)
+            elif key == "outcomes":
+                totals = {}
+                for r in group:
+                    for outcome, n in (r.get("outcomes") or {}).items():
+                        totals[outcome] = totals.get(outcome, 0) + n
+                merged[key] = totals or None
+            elif key == "cpu_us_per_req":
+                merged[key] = {k: _median([r[key].get(k) for r in group]) for k in value}
+            elif isinstance(value, (int, float)) and key not in ("clients",):
+                merged[key] = _median([r.get(key) for r in group])
+        out.append(merged)
+    return out
+
+
+def _median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else round((values[mid - 1] + values[mid]) / 2, 4)
+
+
 def _ms(seconds):
     return None if seconds is None else round(seconds * 1000.0, 4)
 
@@ -1171,6 +1208,9 @@ def _parse_args(argv):
     p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run (default 3)")
     p.add_argument("--requests", type=int, default=None,
                    help="measure this many requests per run instead of --seconds")
+    p.add_argument("--runs", type=int, default=1,
+                   help="repeat the whole measurement this many times and report the median of each figure "
+                        "(every run's tables are printed too; default 1)")
     p.add_argument("--rounds", type=int, default=3,
                    help="split each run into this many slices, alternating direct and proxied (default 3)")
     p.add_argument("--warmup", type=float, default=0.3,
@@ -1229,8 +1269,8 @@ def _parse_args(argv):
         opts.client_counts = [int(c) for c in opts.clients.split(",") if c.strip()]
     except ValueError:
         p.error(f"--clients must be comma-separated numbers, got {opts.clients!r}")
-    if opts.rounds < 1:
-        p.error("--rounds must be at least 1")
+    if opts.rounds < 1 or opts.runs < 1:
+        p.error("--rounds and --runs must be at least 1")
     if not opts.client_counts or min(opts.client_counts) < 1:
         p.error("--clients needs at least one count of 1 or more")
     opts.scenario_list = [s.strip() for s in opts.scenarios.split(",") if s.strip()]
@@ -1364,13 +1404,22 @@ def main(argv=None):
                 raise SystemExit(f"--profile-side {profiled}: no such side in this run")
             spy = _py_spy_start(watched.pid, opts.py_spy)
             time.sleep(0.5)
-        for name in opts.scenario_list:
-            rows = []
-            for clients in opts.client_counts:
-                rows += run_scenario(name, targets, clients, opts, upstream)
-            print_table(name, rows, opts, absent)
-            sys.stdout.flush()
-            results += rows
+        runs = []
+        for run in range(opts.runs):
+            if opts.runs > 1:
+                print(f"\n== run {run + 1} of {opts.runs}")
+            for name in opts.scenario_list:
+                rows = []
+                for clients in opts.client_counts:
+                    rows += run_scenario(name, targets, clients, opts, upstream)
+                print_table(name, rows, opts, absent)
+                sys.stdout.flush()
+                runs.append(rows)
+        results = median_rows([row for rows in runs for row in rows])
+        if opts.runs > 1:
+            print(f"\n== the median of each figure over the {opts.runs} runs")
+            for name in opts.scenario_list:
+                print_table(name, [r for r in results if r["scenario"] == name], opts, absent)
     finally:
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -1399,7 +1448,7 @@ def main(argv=None):
         print(json.dumps({"bench": "proxy_overhead", "python": platform.python_version(), "cpus": cpus,
                           "platform": platform.platform(), "ragproxy": versions,
                           "load_average_before": load,
-                          "options": {"seconds": opts.seconds, "requests": opts.requests, "rounds": opts.rounds,
+                          "options": {"seconds": opts.seconds, "requests": opts.requests, "rounds": opts.rounds, "runs": opts.runs,
                                       "warmup": opts.warmup, "slow_ms": opts.slow_ms,
                                       "prompt_bytes": opts.prompt_bytes, "body_bytes": opts.body_bytes,
                                       "claude_stream": opts.claude_stream,

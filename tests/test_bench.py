@@ -301,14 +301,17 @@ def test_proxy_overhead_runs_the_large_body_the_retrieval_model_and_says_which_p
     assert set(report["absent"]) == {"litellm", "portkey"} and report["peers"] == {}
     assert "litellm: absent, not installed" in proc.stdout and "portkey: absent" in proc.stdout
     assert "added p50 over direct" in proc.stdout and "issue 20 targets" in proc.stdout
-    # A second run finds the KB in the cache instead of building it again.
+    # A second run finds the KB in the cache instead of building it again; --runs 2 gives medians of two.
     again = run_script("proxy_overhead.py", "--scenarios", "chat", "--clients", "1", "--requests", "5", "--rounds",
                        "1", "--warmup", "0", "--json", "--kb-docs", "40", "--cache-dir", str(tmp_path), "--sides",
-                       "rag-scifact")
+                       "rag-scifact", "--runs", "2")
     assert again.returncode == 0, again.stderr
     (second,) = last_json(again.stdout)
     assert second["kbs"]["scifact"]["built_seconds"] is None
     assert second["kbs"]["scifact"]["cache"] == report["kbs"]["scifact"]["cache"]
+    rag = next(r for r in second["results"] if r["path"] == "rag-scifact")
+    assert rag["runs"] == 2 and rag["requests"] >= 10 and rag["injected"] == rag["requests"]
+    assert again.stdout.count("\nchat: ") == 3 and "the median of each figure over the 2 runs" in again.stdout
 
 
 # -- sse_relay.py ---------------------------------------------------------------------
