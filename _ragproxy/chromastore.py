@@ -417,9 +417,23 @@ class ChromaStore(VectorStore):
 
     # -- reading --
 
+    def _learn_dim(self):
+        """Re-read ragproxy_dim: another process's first write sets it after this one opened the collection."""
+        doc = self._call("looking up a collection", self.client.get_collection, self.collection)
+        if doc is None:
+            self._ids = None
+            return
+        self._check_marker(doc, "chunks")
+        self._meta = dict(doc["metadata"])
+        self._dim = int(self._meta.get("ragproxy_dim", -1))
+
     def dense_search(self, vector, k):
         if self._readable() is None:
             return []
+        if self._dim in (None, -1):
+            self._learn_dim()
+            if self._ids is None:
+                return []
         col, _ = self._ids
         if self._dim == 0:
             raise self._error(f"the Chroma collection {self.collection!r} holds no vectors (it was indexed for "
@@ -617,6 +631,7 @@ class ChromaKB:
         key = (store.collection_id, version)
         if self.synced == key or (self.synced is None and marker is not None and marker.get("version") == version):
             self.synced = key
+            self._status["vectors"] = len(generation) if generation is not None else 0  # the mirror is in step
             return False
         records = store.load()
         again = store.read_commit()
@@ -672,6 +687,7 @@ class ChromaKB:
         elif marker is not None and version and marker.get("version") == version:
             store.set_records(generation.manifest)  # in step with Chroma: no need to read every record
             self.synced = (store.collection_id, version)
+            self._status["vectors"] = len(generation)
             return
         records = store.files()
         if self._rebuild(records, self.settings, version, generation, marker) is None:

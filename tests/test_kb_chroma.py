@@ -212,6 +212,8 @@ def test_with_indexer_auto_one_process_takes_the_lease_and_the_other_follows(tmp
     first.index()
     assert second.chroma.poll(second.sync) is False and second.current()[0] is not None
     assert len(second.current()[0]) == len(first.current()[0])
+    # The replica opened the collection before it had vectors: it learns their dimension when they come.
+    assert hits(second, "doc", "dense") == hits(first, "doc", "dense") != []
     first.chroma.release()
     assert second.chroma.poll(second.sync) is True   # a released lease passes on at the next poll
 
