@@ -49,6 +49,9 @@ _FILE = "file:"
 _COMMIT = "ragproxy:commit"
 _LEASE = "ragproxy:lease"
 _CONFIG = "vectorstore.chroma_http"
+# Chunks per upsert: a request of the server's max_batch_size (5,461) records with texts took over 10 s
+# on a loaded machine; a file's records are written after all its chunks, however many requests that takes.
+_WRITE_BATCH = 1000
 
 
 def _chunk_metadata(chunk, source, file_hash):
@@ -87,7 +90,8 @@ class ChromaStore(VectorStore):
         self.files_collection = f"{self.collection}.files"
         self.clock = clock   # wall time: lease expiries are compared across processes
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
-        self.lease_ttl = max(30.0, 10 * spec.sync_interval)
+        # Renewed at polls once a third of it has passed: it must outlast a few polls.
+        self.lease_ttl = max(float(spec.lease_ttl), 3 * spec.sync_interval)
         self.writes = collections.Counter()
         self._ids = None        # (chunk collection id, files collection id) once open
         self._dim = None        # ragproxy_dim: -1 until the first write sets it, 0 lexical
@@ -96,6 +100,7 @@ class ChromaStore(VectorStore):
         self._commit = None     # the commit record last read or written
         self._dirty = False     # this run set the dirty flag (or found it set) and has not committed
         self._leased_at = None  # when this process last wrote the lease, if it holds it
+        self.lease_holder = None  # who held it when last read
         self.answered = None    # whether the server answered the last check()
         self._checked = False   # the server, tenant and database were checked since the last failure
         self.lost = False       # a collection this object had open was not found: it is looked up anew
@@ -348,9 +353,11 @@ class ChromaStore(VectorStore):
             rows += list(vectors) if vectors is not None else [_PLACEHOLDER] * len(chunks)
             texts += [c.get("text", "") for c in chunks]
             metas += [_chunk_metadata(c, source, record.get("hash", "")) for c in chunks]
-        if ids:
-            self._call("writing chunks", self.client.upsert, col, ids, rows, documents=texts, metadatas=metas)
-            self.writes["chunks_upserted"] += len(ids)
+        for lo in range(0, len(ids), _WRITE_BATCH):
+            hi = lo + _WRITE_BATCH
+            self._call("writing chunks", self.client.upsert, col, ids[lo:hi], rows[lo:hi], documents=texts[lo:hi],
+                       metadatas=metas[lo:hi])
+        self.writes["chunks_upserted"] += len(ids)
         olds = {source: self._records.get(source) for source, _, _, _ in items}
         self._put_records([(source, record) for source, record, _, _ in items])
         stale = sorted({cid for source, record, _, _ in items for cid in (olds[source] or {}).get("chunk_ids", [])
@@ -395,6 +402,7 @@ class ChromaStore(VectorStore):
         got = self._call("reading the indexer lease", self.client.get, files, ids=[_LEASE], include=("metadatas",))
         meta = got["metadatas"][0] if got["ids"] else {}
         holder, expires = meta.get("holder"), float(meta.get("expires", 0) or 0)
+        self.lease_holder = holder
         if holder not in (None, self.holder) and expires > now:
             self._leased_at = None
             return False
@@ -405,6 +413,10 @@ class ChromaStore(VectorStore):
         mine = bool(got["ids"]) and got["metadatas"][0].get("holder") == self.holder
         self._leased_at = now if mine else None
         return mine
+
+    @property
+    def holds_lease(self):
+        return self._leased_at is not None
 
     def release_lease(self):
         """Give the lease up (a clean shutdown), so another process takes over without waiting for expiry."""
@@ -515,11 +527,13 @@ class ChromaKB:
         self.store = store if store is not None else ChromaStore(spec, name, clock=clock, holder=holder)
         self.current, self.write_mirror = current, write_mirror
         self.clock = clock
-        self.role = None   # "indexer" | "replica", known after the first poll (or run)
+        # "indexer" | "replica"; with indexer: auto, known after the first poll
+        self.role = {"always": "indexer", "never": "replica"}.get(spec.indexer)
         self.settings = None  # the settings of the commit the mirror copies
         self.synced = None    # (collection id, commit version) the mirror holds
         self._rows = (None, {})  # (generation name, {chunk id: row})
-        self._status = {"reachable": None, "error": None, "checked_at": None, "vectors": None}
+        self._status = {"reachable": None, "error": None, "checked_at": None, "vectors": None,
+                        "errors": 0}   # failed store operations since start (a counter for /metrics)
 
     # -- status --
 
@@ -534,6 +548,7 @@ class ChromaKB:
         if str(exc) != self._status["error"]:
             log.warning("kb %s: Chroma at %s: %s", self.name, loggable_url(self.store.client.base_url), exc)
         self._status.update(reachable=not exc.unreachable, error=str(exc), checked_at=self.clock())
+        self._status["errors"] += 1
 
     def status(self):
         return {"type": "chroma_http", "collection": self.store.collection, "role": self.role, **self._status}
@@ -573,7 +588,11 @@ class ChromaKB:
             self.role = "indexer" if self.spec.indexer == "always" else "replica"
             return self.role == "indexer"
         mine = self._guard(lambda: self.store.open(create=True) and self.store.acquire_lease())
-        self.role = "indexer" if mine else "replica"
+        role = "indexer" if mine else "replica"
+        if role != self.role:
+            log.info("kb %s: %s", self.name, f"indexer lease taken (holder {self.store.holder})" if mine else
+                     f"another process holds the indexer lease ({self.store.lease_holder}): this one is a replica")
+        self.role = role
         return mine
 
     def poll(self, sync):
@@ -593,7 +612,11 @@ class ChromaKB:
         return False
 
     def release(self):
-        self.store.release_lease()
+        """Hand the lease on (a clean stop), so another process indexes without waiting for it to expire."""
+        if self.store.holds_lease:
+            self.store.release_lease()
+            self.role = None if self.spec.indexer == "auto" else self.role
+            log.info("kb %s: indexer lease released", self.name)
 
     # -- the mirror --
 

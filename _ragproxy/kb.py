@@ -922,18 +922,26 @@ class KnowledgeBases:
                 if kb.chroma is not None and kb.chroma.poll(kb.sync):
                     self._wake.set()  # it just became the indexer: index now, not in index_interval
             self._wake.wait(min([interval - (self.clock() - last)] + polls))
-        for kb in list(self.kbs.values()):
-            if kb.chroma is not None:
-                with contextlib.suppress(VectorStoreError):
-                    kb.chroma.release()  # a clean stop hands the indexer's lease on at once
+        self._release_leases()  # a poll racing stop() may have renewed one
 
 
     def stop(self, wait=None):
-        """Stop the indexer after its current run; ``wait`` seconds at most for it to end (None: not at all)."""
+        """Stop the indexer after its current run; ``wait`` seconds at most for it to end (None: not at all).
+
+        Chroma leases are handed on here, not only when the thread ends: a process exiting at once
+        would otherwise leave its KBs without an indexer until the lease expires.
+        """
         self._stop.set()
         self._wake.set()
         if wait is not None and self._thread is not None:
             self._thread.join(wait)
+        self._release_leases()
+
+    def _release_leases(self):
+        for kb in list(self.kbs.values()):
+            if kb.chroma is not None:
+                with contextlib.suppress(VectorStoreError):
+                    kb.chroma.release()
 
 
 def _log_undeclared(name, where, documents_dir):

@@ -58,6 +58,7 @@ class StoreSpec:
     indexer: str = "auto"  # auto (a lease in Chroma) | always | never
     timeout: float = 10.0
     sync_interval: float = 1.0
+    lease_ttl: float = 30.0  # indexer: auto: a lease not renewed for this long passes to another process
     token: str = dataclasses.field(default="", repr=False)  # a secret: kept out of reprs and logs
 
     @classmethod
@@ -70,7 +71,8 @@ class StoreSpec:
         if kind != "chroma_http":
             return cls()
         block = stores.get("chroma_http") or {}
-        names = ("base_url", "tenant", "database", "collection_prefix", "indexer", "timeout", "sync_interval", "token")
+        names = ("base_url", "tenant", "database", "collection_prefix", "indexer", "timeout", "sync_interval",
+                 "lease_ttl", "token")
         return cls(type=kind, **{n: block[n] for n in names if n in block})
 
     def __post_init__(self):

@@ -501,3 +501,21 @@ def test_collections_deleted_to_change_the_embedding_model_are_rebuilt_whole(tmp
     assert replica.sync()
     replica.embedder = Embedder(dims=32)
     assert len(replica.search("doc", 3, mode="dense")) == 3
+
+
+def test_a_clean_stop_hands_the_lease_on_at_once(tmp_path, chroma_server, chroma_prefix):
+    for d in ("one", "two"):
+        write(str(tmp_path / d / "documents" / "big" / "a.md"), "# big\n\nlanterns\n")
+    one = ragproxy.KnowledgeBases(_config(chroma_server, chroma_prefix, "auto"), str(tmp_path / "one"))
+    one.start()
+    try:
+        deadline = time.monotonic() + 30
+        while one.get("big").store_status()["role"] != "indexer" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert one.get("big").store_status()["role"] == "indexer"
+    finally:
+        one.stop(wait=10)
+    two = ragproxy.KnowledgeBases(_config(chroma_server, chroma_prefix, "auto"), str(tmp_path / "two"))
+    big = two.get("big")
+    assert big.chroma.store.lease_ttl == 30.0      # no waiting for that: the lease was released
+    assert big.chroma.poll(big.sync) is True and big.store_status()["role"] == "indexer"
