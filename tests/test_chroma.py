@@ -504,6 +504,19 @@ def test_writes_and_reads_are_split_at_max_batch_size():
     assert server.paths().count("/api/v2/pre-flight-checks") == 1  # asked once
 
 
+def test_writes_go_in_requests_of_at_most_write_batch_records():
+    with ScriptedServer(max_batch_size=100) as server:
+        c = ChromaClient(server.url)
+        c.write_batch = 4
+        ids = [str(i) for i in range(10)]
+        c.upsert("col", ids, [[1.0]] * 10)
+        c.delete("col", ids=ids)
+        c.get("col", ids=ids)
+    assert [len(b["ids"]) for b in server.bodies("/upsert")] == [4, 4, 2]
+    assert [len(b["ids"]) for b in server.bodies("/delete")] == [4, 4, 2]
+    assert [len(b["ids"]) for b in server.bodies("/get")] == [10]  # reads are cheap: max_batch_size
+
+
 def test_embeddings_go_as_json_numbers_to_a_server_without_base64():
     with ScriptedServer(base64=False) as server:
         ChromaClient(server.url).upsert("col", ["a"], [array.array("f", [0.5, -2.0])])
