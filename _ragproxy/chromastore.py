@@ -492,7 +492,7 @@ class ChromaStore(VectorStore):
             out["message"] = str(exc)
             self.answered = not exc.unreachable
             return out
-        self.answered = True
+        self.answered = self._checked = True
         out.update(latency_ms=info.get("latency_ms", (time.perf_counter() - started) * 1000.0),
                    version=info.get("version"))
         try:
@@ -539,7 +539,7 @@ class ChromaKB:
 
     def _ok(self, vectors=None):
         if self._status["error"] is not None:
-            log.info("kb %s: Chroma answers again", self.name)
+            log.info("kb %s: the Chroma store works again", self.name)
         self._status.update(reachable=True, error=None, checked_at=self.clock())
         if vectors is not None:
             self._status["vectors"] = vectors
