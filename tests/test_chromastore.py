@@ -165,3 +165,27 @@ def test_the_lease_goes_to_one_process_and_passes_on_when_it_expires(chroma_serv
     assert first.writes == {}
     second.release_lease()
     assert first.acquire_lease()
+
+
+def test_a_server_too_slow_to_answer_is_unreachable_too():
+    import threading
+
+    held = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+
+        def accept():   # takes connections and never answers
+            while True:
+                try:
+                    held.append(listener.accept()[0])
+                except OSError:
+                    return
+        threading.Thread(target=accept, daemon=True).start()
+        store = ChromaStore(StoreSpec(type="chroma_http", base_url=f"http://127.0.0.1:{port}", timeout=0.3), "kb")
+        with pytest.raises(VectorStoreError) as info:
+            store.dense_search([1.0, 0.0], 3)
+        assert info.value.unreachable and str(port) not in str(info.value)
+    for conn in held:
+        conn.close()
