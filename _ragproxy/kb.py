@@ -144,7 +144,8 @@ class KnowledgeBase:
         self.chroma = None  # on Chroma: the store there, the role, the mirror's sync (self.store is the mirror)
         if spec.store.type == "chroma_http":
             from .chromastore import ChromaKB
-            self.chroma = ChromaKB(spec.name, spec.store, self.current, self._write_mirror, clock=clock, mirror=self.root)
+            self.chroma = ChromaKB(spec.name, spec.store, self.current, self._write_mirror, clock=clock,
+                                   mirror=self.root)
         self.vectors = self.chroma.store if self.chroma is not None else BuiltinStore(self.store)
         self._index_lock = threading.Lock()
         self._state_lock = threading.Lock()

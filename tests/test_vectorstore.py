@@ -35,7 +35,8 @@ def store(request, tmp_path):
         return
     from _ragproxy.chromastore import ChromaStore
     server = request.getfixturevalue("chroma_server")
-    spec = StoreSpec(type="chroma_http", base_url=server.url, collection_prefix=request.getfixturevalue("chroma_prefix"))
+    prefix = request.getfixturevalue("chroma_prefix")
+    spec = StoreSpec(type="chroma_http", base_url=server.url, collection_prefix=prefix)
     s = ChromaStore(spec, "kb")
     yield s
     s.close()
