@@ -82,7 +82,7 @@ class ChromaStore(VectorStore):
 
     kind = "chroma_http"
 
-    def __init__(self, spec, kb, client=None, clock=time.time, holder=None):
+    def __init__(self, spec, kb, client=None, clock=time.time, holder=None, read_page=5000):
         self.spec, self.kb = spec, kb
         self.client = client if client is not None else ChromaClient(
             spec.base_url, tenant=spec.tenant, database=spec.database, timeout=spec.timeout, token=spec.token)
@@ -93,6 +93,7 @@ class ChromaStore(VectorStore):
         # Renewed at polls once a third of it has passed: it must outlast a few polls.
         self.lease_ttl = max(float(spec.lease_ttl), 3 * spec.sync_interval)
         self.writes = collections.Counter()
+        self.read_page = read_page  # records per get when reading a whole collection
         self._ids = None        # (chunk collection id, files collection id) once open
         self._dim = None        # ragproxy_dim: -1 until the first write sets it, 0 lexical
         self._meta = {}
@@ -203,7 +204,7 @@ class ChromaStore(VectorStore):
             self._records = {}
             return {}
         _, files = self._ids
-        got = self._call("reading the file records", self.client.get, files, include=("documents",))
+        got = self._get_all(files, ("documents",), "reading the file records")
         records = {}
         for rid, doc in zip(got["ids"], got["documents"] or ()):
             if rid.startswith(_FILE):
@@ -213,6 +214,19 @@ class ChromaStore(VectorStore):
                     log.warning("kb %s: ignoring an unreadable file record %r", self.kb, rid[:200])
         self._records = records
         return records
+
+    def _get_all(self, collection_id, include, what):
+        """Every record of a collection, in pages: one answer for a million chunks would outlast any timeout."""
+        out = {"ids": [], "documents": []}
+        offset = 0
+        while True:
+            got = self._call(what, self.client.get, collection_id, include=include, limit=self.read_page,
+                             offset=offset)
+            out["ids"] += got["ids"]
+            out["documents"] += got["documents"] or [None] * len(got["ids"])
+            if len(got["ids"]) < self.read_page:
+                return out
+            offset += self.read_page
 
     def set_records(self, records):
         """Take ``records`` as the server's (a caller that knows it is the only writer and is in step)."""
@@ -265,7 +279,7 @@ class ChromaStore(VectorStore):
         """Delete the chunks no record names, and the records whose chunks are not all there."""
         chunks, files = self._require_open()
         records = self.files()
-        present = set(self._call("listing the chunk ids", self.client.get, chunks, include=())["ids"])
+        present = set(self._get_all(chunks, (), "listing the chunk ids")["ids"])
         named = set()
         broken = []
         for source, record in records.items():

@@ -189,3 +189,15 @@ def test_a_server_too_slow_to_answer_is_unreachable_too():
         assert info.value.unreachable and str(port) not in str(info.value)
     for conn in held:
         conn.close()
+
+
+def test_whole_collections_are_read_in_pages(chroma_server, chroma_prefix, client):
+    store = ChromaStore(_spec(chroma_server, chroma_prefix), "kb")
+    written = {f"f{i}.md": _write(store, f"f{i}.md", 2) for i in range(5)}
+    store.commit()
+    chunks_id, _ = store._ids
+    client.upsert(chunks_id, ["orphan#0"], [[0.0, 1.0, 0.0]], documents=["left by a killed run"])
+    paged = ChromaStore(_spec(chroma_server, chroma_prefix), "kb", read_page=3)   # 5 file records + commit
+    assert paged.files() == {s: _record(c) for s, c in written.items()}
+    assert paged.sweep() == (1, 0)   # 11 chunks in four pages, the one no record names found
+    assert paged.count() == 10
