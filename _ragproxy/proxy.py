@@ -42,7 +42,7 @@ from .api import (
     split_key_prefix,
 )
 from .config import ModelRoute, Provider, key_allows_kb, key_allows_model
-from .jsonbody import json_object_of, with_edits, with_model
+from .jsonbody import json_object_of, json_object_with_members, leading_model, with_edits, with_model
 from .kb import KnowledgeBases
 from .metrics import Metrics, store_samples
 from .ollama import translate_ollama_call
@@ -376,7 +376,11 @@ class App:
     def _parse_body(self, request, endpoint):
         if not request.body:
             raise ClientError(400, "request body is empty; expected a JSON object")
-        payload = json_object_of(request.body)
+        members = None
+        if self._may_retrieve(request):
+            payload, members = json_object_with_members(request.body, ("messages", "input"))
+        else:
+            payload = json_object_of(request.body)
         for field in endpoint.required:
             if payload.get(field) in (None, ""):
                 raise ClientError(400, f"missing required field '{field}'", "missing_required_parameter")
@@ -385,10 +389,27 @@ class App:
                 raise ClientError(400, f"'{field}' must be an array", "invalid_type")
         if "model" in payload and not isinstance(payload["model"], str):
             raise ClientError(400, "'model' must be a string", "invalid_type")
-        return payload
+        return payload, members
+
+    def _may_retrieve(self, request):
+        """Whether retrieval will likely read this body: its model, read before parsing, has KBs.
+
+        Such a body is parsed in one pass that also finds where its messages
+        lie (the turn key and the splice need that); any other keeps the plain
+        parse, which is cheaper.  Only a guess at the parser: the parsed
+        payload, not this, names the route.
+        """
+        header = request.headers.get("x-ragproxy-kb", "").strip().lower()
+        if header:
+            return header != "off"
+        model, kbs = split_model_kbs(leading_model(request.body) or "")
+        if kbs:
+            return True
+        route = self.resolve_route(model) if model else None
+        return bool(route is not None and route.kb)
 
     def _proxy(self, request, path, endpoint, trace):
-        payload = self._parse_body(request, endpoint)
+        payload, members = self._parse_body(request, endpoint)
         model, kb_override = split_model_kbs(payload.get("model", ""))
         route = self.resolve_route(model)
         if route is None:
@@ -397,7 +418,7 @@ class App:
         self.check_model_scope(trace.key, model)
         provider = self._pick_provider(route, endpoint.dialect)
         exchange = Exchange(request, endpoint, payload, route, provider, model, kb_override=kb_override,
-                            key=trace.key)
+                            key=trace.key, members=members)
         trace.exchange = exchange
         sent_model = payload.get("model", "")
         upstream_model = route.upstream_model or model

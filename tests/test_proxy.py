@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from _ragproxy.proxy import _FINAL_NDJSON_LINE, _FINAL_SSE_EVENT
-from conftest import API_KEY
+from conftest import API_KEY, proxy_config
 from fake_upstream import ANTHROPIC_OVERLOADED_BODY, OPENAI_RATE_LIMIT_BODY, embed_text
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
@@ -565,3 +565,25 @@ def test_a_16_mib_event_is_relayed_whole(proxy, fake):
         headers={"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.read() == event + b"data: [DONE]\n\n"
+
+
+# -- one parse for what retrieval reads -------------------------------------------
+
+def test_a_body_retrieval_reads_is_parsed_with_its_members_and_any_other_plainly(make_proxy, fake, tmp_path):
+    """A model with knowledge bases gets the one-pass parse (payload and where its messages
+    lie, which the turn key and the splice reuse); a pass-through model the plain parse."""
+    (tmp_path / "documents" / "notes").mkdir(parents=True)
+    (tmp_path / "documents" / "notes" / "a.md").write_text("# Deploys\nThe deploy key rotates weekly.\n")
+    extra = "  - {name: with-kb, upstream: oa, kb: notes}\n"
+    proxy = make_proxy(proxy_config(fake.url).replace("  - {name: \"*\"", extra + "  - {name: \"*\""),
+                       data_dir=tmp_path)
+    proxy.app.knowledge_bases.index_all()
+    seen = []
+    proxy.app.rewriters.insert(0, lambda exchange: seen.append(exchange.members))   # as parsed, before retrieval
+    question = b'"messages":[{"role":"user","content":"when does the deploy key rotate?"}]}'
+    assert _post_raw(proxy, "/v1/chat/completions", b'{"model":"with-kb",' + question) == 200
+    assert _post_raw(proxy, "/v1/chat/completions", b'{"model":"gpt-4o",' + question) == 200
+    members, plain = seen
+    assert plain is None
+    assert members is not None and members.body is not None and "messages" in members.expand
+    assert b"rotates weekly" in fake.requests[-2].body   # the retriever injected with them
