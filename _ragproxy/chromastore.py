@@ -216,7 +216,11 @@ class ChromaStore(VectorStore):
         return records
 
     def _get_all(self, collection_id, include, what):
-        """Every record of a collection, in pages: one answer for a million chunks would outlast any timeout."""
+        """Every record of a collection, in pages: one answer for a million chunks would outlast any timeout.
+
+        Pages may shift under a run writing at the same time: a replica's read is bracketed by the commit
+        version, and a file it missed while a run was writing comes with that run's commit.
+        """
         out = {"ids": [], "documents": []}
         offset = 0
         while True:
