@@ -224,6 +224,7 @@ _SCHEMA = {
             "indexer": _Field("str", "auto", choices=("auto", "always", "never")),
             "timeout": _Field("number", 10.0),        # > 0: seconds for a connect and for each read
             "sync_interval": _Field("number", 1.0),   # > 0: seconds between a replica's looks for a new commit
+            "lease_ttl": _Field("number", 30.0),      # > 0: seconds an indexer lease not renewed stays its holder's
             "token": _Field("str", ""),               # sent as X-Chroma-Token; a secret, never shown
         },
     },
@@ -720,7 +721,7 @@ class Config:
                 "base_url": loggable_url(chroma["base_url"]), "tenant": chroma["tenant"],
                 "database": chroma["database"], "collection_prefix": chroma["collection_prefix"],
                 "indexer": chroma["indexer"], "timeout": chroma["timeout"], "sync_interval": chroma["sync_interval"],
-                "has_token": bool(chroma["token"])}
+                "lease_ttl": chroma["lease_ttl"], "has_token": bool(chroma["token"])}
         return status
 
 
@@ -811,7 +812,7 @@ def _check_vectorstore(raw, positions, errors):
                        _line_of(positions, ("vectorstore", "chroma_http", "collection_prefix")),
                        "a Chroma collection name prefix uses letters, digits, '_', '-' and '.' (32 at most, "
                        f"starting with a letter or digit), got {prefix!r}"))
-    for key in ("timeout", "sync_interval"):
+    for key in ("timeout", "sync_interval", "lease_ttl"):
         value = chroma[key]
         if isinstance(value, float) and not (value > 0 and math.isfinite(value)):
             where = ("vectorstore", "chroma_http", key)

@@ -312,13 +312,14 @@ def test_the_chroma_http_block_from_the_issue_loads_as_written_with_no_warning()
     config = ragproxy.Config.from_text(MINIMAL + CHROMA_HTTP, environ={})
     assert config.raw["vectorstore"] == {"type": "chroma_http", "chroma_http": {
         "base_url": "http://chroma:8000", "tenant": "default_tenant", "database": "default_database",
-        "collection_prefix": "ragproxy_", "indexer": "auto", "timeout": 10.0, "sync_interval": 1.0, "token": ""}}
+        "collection_prefix": "ragproxy_", "indexer": "auto", "timeout": 10.0, "sync_interval": 1.0,
+        "lease_ttl": 30.0, "token": ""}}
     assert config.warnings == ()
     assert config.vectorstore_status() == {
         "configured": "chroma_http", "active": "chroma_http", "reason": None, "set_by": "vectorstore.type",
         "chroma_http": {"base_url": "http://chroma:8000", "tenant": "default_tenant", "database": "default_database",
                         "collection_prefix": "ragproxy_", "indexer": "auto", "timeout": 10.0, "sync_interval": 1.0,
-                        "has_token": False}}
+                        "lease_ttl": 30.0, "has_token": False}}
     assert ragproxy.Config.from_text(MINIMAL, environ={}).vectorstore_status() == {
         "configured": "simple", "active": "simple", "reason": None, "set_by": "vectorstore.type"}
 
@@ -408,6 +409,7 @@ def test_credentials_in_the_chroma_base_url_are_masked_in_the_status():
      "greater than 0"),
     (('"ragproxy_"', '"ragproxy_"\n    sync_interval: .nan'), "vectorstore.chroma_http.sync_interval",
      "greater than 0"),
+    (('"ragproxy_"', '"ragproxy_"\n    lease_ttl: 0'), "vectorstore.chroma_http.lease_ttl", "greater than 0"),
     (('type: "chroma_http"', 'type: qdrant'), "vectorstore.type", "expected one of simple, chroma, chroma_http"),
 ])
 def test_the_vectorstore_block_is_checked(change, path, fragment):
