@@ -64,13 +64,17 @@ def _skip(lever, reason, before=0, detail=""):
     return Outcome(lever, False, reason, before, before, detail)
 
 
-def _context(lever, messages, api):
-    """(RequestContext, None) when the request has usable marked context, else (None, skip Outcome)."""
+def _context(lever, messages, api, estimate, min_tokens=0):
+    """``(RequestContext, tokens, None)`` when the request has marked context worth the lever,
+    else ``(None, tokens or 0, skip Outcome)``: none usable, or fewer tokens than ``min_tokens``."""
     found = marked.parse_request(messages, api)
     if found.status != "ok":
-        return None, _skip(lever, _SKIP_OF_STATUS[found.status], detail="" if found.error is None
-                           else found.describe())
-    return found, None
+        return None, 0, _skip(lever, _SKIP_OF_STATUS[found.status], detail="" if found.error is None
+                              else found.describe())
+    before = _tokens(found, estimate)
+    if before < min_tokens:
+        return None, before, _skip(lever, "not_needed", before)
+    return found, before, None
 
 
 def _tokens(found, estimate):
@@ -175,12 +179,9 @@ def rag_select(messages, api, estimate, min_tokens=0, ranking="auto", max_chunks
     _check_count("max_chunks", max_chunks, 1, optional=True)
     _check_count("min_relevance_percent", min_relevance_percent, 0, 100, optional=True)
     lever = "rag_select"
-    found, skipped = _context(lever, messages, api)
+    found, before, skipped = _context(lever, messages, api, estimate, min_tokens)
     if skipped:
         return messages, skipped
-    before = _tokens(found, estimate)
-    if before < min_tokens:
-        return messages, _skip(lever, "not_needed", before)
     analyzer = analyzer or Analyzer()
     kept_of, emptied = {}, False
     for block in _blocks(found):
@@ -219,10 +220,9 @@ def position_reorder(messages, api, estimate, ranking="auto", analyzer=None):
     """Reorder each block's chunks so the best ones sit first and last (edge_order); bytes kept."""
     _check_ranking(ranking)
     lever = "position_reorder"
-    found, skipped = _context(lever, messages, api)
+    found, before, skipped = _context(lever, messages, api, estimate)
     if skipped:
         return messages, skipped
-    before = _tokens(found, estimate)
     analyzer = analyzer or Analyzer()
     order_of = {}
     for block in _blocks(found):
@@ -373,12 +373,9 @@ def compact_serialization(messages, api, estimate, min_tokens=0, tabular=True, t
     _check_count("min_tokens", min_tokens, 0)
     _check_count("tabular_min_rows", tabular_min_rows, 1)
     lever = "compact_serialization"
-    found, skipped = _context(lever, messages, api)
+    found, before, skipped = _context(lever, messages, api, estimate, min_tokens)
     if skipped:
         return messages, skipped
-    before = _tokens(found, estimate)
-    if before < min_tokens:
-        return messages, _skip(lever, "not_needed", before)
     rewritten, json_chunks, unsafe = {}, 0, 0
     for block in _blocks(found):
         for chunk in block.chunks:
