@@ -113,14 +113,7 @@ def _have(module):
 
 def _proc_kb(field):
     """A VmRSS / VmHWM figure of this process in KiB, or None off Linux."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+    return _pid_kb("self", field)
 
 
 def _reset_peak():
