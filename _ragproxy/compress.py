@@ -43,6 +43,9 @@ REASONS = (
     "applied", "no_marked_context", "malformed_marked_context", "marked_context_too_large",
     "missing_relevance_score", "no_selected_chunks", "no_structured_chunks", "unsafe_structured_shape",
     "already_ordered", "not_needed", "no_savings",
+    # window_fit and summary_buffer (window.py, summary.py)
+    "not_eligible", "unknown_model_window", "missing_session", "structured_request",
+    "summarizer_failed", "state_unavailable",
 )
 _SKIP_OF_STATUS = {"none": "no_marked_context", "malformed": "malformed_marked_context",
                    "too_large": "marked_context_too_large"}
