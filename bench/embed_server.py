@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import http.server
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -152,6 +154,27 @@ def make_server(embedder, host="127.0.0.1", port=8200):
     server = http.server.ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
+
+
+@contextlib.contextmanager
+def started(model_path=None, who="bench"):
+    """Run this server in a subprocess on a free loopback port for the duration; yields its /v1 URL."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--port", "0"]
+    if model_path:
+        cmd += ["--model", model_path]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()   # "listening on http://127.0.0.1:PORT/v1"
+        if not line.startswith("listening on "):
+            raise SystemExit(f"{who}: bench/embed_server.py did not start (see its messages above)")
+        yield line.split()[-1]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def main(argv=None):

@@ -44,7 +44,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -235,25 +234,11 @@ def _save_run(path, run, mode):
 
 @contextlib.contextmanager
 def _embed_server(args):
-    """Run bench/embed_server.py on a free loopback port; yields its /v1 URL."""
-    cmd = [sys.executable, os.path.join(HERE, "embed_server.py"), "--port", "0"]
-    if args.embed_model_path:
-        cmd += ["--model", args.embed_model_path]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()   # "listening on http://127.0.0.1:PORT/v1"
-        if not line.startswith("listening on "):
-            raise SystemExit("eval_retrieval: embed_server.py did not start (see its messages above)")
-        url = line.split()[-1]
+    """bench/embed_server.py on a free loopback port; yields its /v1 URL."""
+    import embed_server
+    with embed_server.started(args.embed_model_path, "eval_retrieval") as url:
         print(f"embedding server: {url}", file=sys.stderr)
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def run_eval(args, embed_url=None):

@@ -946,20 +946,9 @@ def _embedder(args):
     if args.embed_url or not args.start_embed_server:
         yield args.embed_url
         return
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "embed_server.py"), "--port", "0"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()   # "listening on http://127.0.0.1:PORT/v1"
-        if not line.startswith("listening on "):
-            raise SystemExit("perf: bench/embed_server.py did not start (see its messages above)")
-        yield line.split()[-1]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    import embed_server
+    with embed_server.started(who="perf") as url:
+        yield url
 
 
 SCIFACT_KB = "bench"
