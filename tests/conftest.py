@@ -475,3 +475,114 @@ def chroma_prefix(chroma_server):
         pass  # a test that stopped the server or broke it has said so itself
     finally:
         client.close()
+
+
+# --- a real redis-server (issue 18: summary_buffer's shared session state) ------
+
+def _redis_missing(why):
+    """Skip, or fail when CI says the Redis tests must run (RAGPROXY_REQUIRE_REDIS=1)."""
+    if os.environ.get("RAGPROXY_REQUIRE_REDIS", "") not in ("", "0"):
+        pytest.fail(f"{why}; RAGPROXY_REQUIRE_REDIS=1 says the Redis tests must run", pytrace=False)
+    pytest.skip(why)
+
+
+def _redis_pings(port, password=None, timeout=1.0):
+    """True when a RESP PING (after AUTH, if given) on 127.0.0.1:port answers +PONG."""
+    def command(*args):
+        return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            out = (command(b"AUTH", password.encode()) if password else b"") + command(b"PING")
+            s.sendall(out)
+            data = b""
+            while b"PONG" not in data and not data.startswith(b"-") and len(data) < 4096:
+                piece = s.recv(4096)
+                if not piece:
+                    break
+                data += piece
+            return b"+PONG" in data
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """A redis-server of this test run on 127.0.0.1: ``url`` (redis://[:password@]127.0.0.1:PORT/0),
+    ``port``, ``password``.  ``kill()`` stops it hard (SIGKILL, as a crash); ``start()`` starts it again
+    on the same port, empty (no persistence: --save '' --appendonly no).  ``another(password=...)``
+    starts a second, separate server, stopped at the end of the session."""
+
+    def __init__(self, binary, root, password=None, startup=30.0):
+        self.binary, self.root, self.password, self.startup = binary, root, password, startup
+        self.port = None
+        self.proc = None
+        self.log = os.path.join(root, "redis.log")
+        self._others = []
+
+    @property
+    def url(self):
+        auth = f":{urllib.parse.quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self, attempts=3):
+        last = "not started"
+        for _attempt in range(1 if self.port else attempts):  # a fresh free port can be taken before we bind
+            port = self.port or _free_port()
+            args = [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                    "--dir", self.root, "--protected-mode", "no"]
+            if self.password:
+                args += ["--requirepass", self.password]
+            with open(self.log, "ab") as out:
+                proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + self.startup
+            while time.monotonic() < deadline and proc.poll() is None:
+                if _redis_pings(port, self.password):
+                    self.proc, self.port = proc, port
+                    return self
+                time.sleep(0.05)
+            last = (f"redis-server exited with status {proc.returncode}" if proc.poll() is not None
+                    else f"redis-server did not answer PING within {self.startup:g}s")
+            _stop(proc)
+        pytest.fail(f"{last}; its output ends:\n{self.log_tail()}", pytrace=False)
+
+    def kill(self):
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self):
+        for other in self._others:
+            other.stop()
+        if self.proc is not None:
+            _stop(self.proc)
+            self.proc = None
+
+    def another(self, password=None):
+        root = os.path.join(self.root, f"other{len(self._others)}")
+        os.makedirs(root)
+        other = RedisServer(self.binary, root, password, self.startup)
+        self._others.append(other)
+        return other.start()
+
+    def log_tail(self, lines=30):
+        if not os.path.exists(self.log):
+            return ""
+        with open(self.log, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A redis-server for the whole run (the Debian package's binary, or $RAGPROXY_REDIS_BIN) on a free port
+    with its own directory, stopped at the end of the session.  Tests share it: each uses keys of its own;
+    a test that kills it starts it again.  None on PATH: a skip, or a failure when RAGPROXY_REQUIRE_REDIS=1
+    (CI); one that is found but does not start is a failure either way."""
+    binary = os.environ.get("RAGPROXY_REDIS_BIN", "") or shutil.which("redis-server")
+    if not binary:
+        _redis_missing("no `redis-server` on PATH ($RAGPROXY_REDIS_BIN): apt-get install redis-server")
+    server = RedisServer(binary, str(tmp_path_factory.mktemp("redis")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
