@@ -67,12 +67,17 @@ class Proc:
         raise AssertionError(f"no log line matching {pattern!r}:\n" + "".join(self.log))
 
     def stop(self):
+        """SIGTERM, then the exit status; a failed exit raises with what the process printed last."""
         self.p.send_signal(signal.SIGTERM)
         try:
-            return self.p.wait(timeout=10)
+            status = self.p.wait(timeout=10)
         finally:
             if self.p.poll() is None:
                 self.p.kill()
+        if status != 0:
+            raise AssertionError(f"ragproxy exited {status} on SIGTERM; its last log lines:\n"
+                                 + "".join(self.log[-20:]) + self.p.stderr.read()[-4000:])
+        return status
 
 
 def _get(url, key=API_KEY):
