@@ -586,10 +586,6 @@ def _serve(data_dir, config_path, overrides, config, environ):
     watcher = ConfigWatcher(app, config_file)
     threading.Thread(target=watcher.run, name="config-watcher", daemon=True).start()
     app.knowledge_bases.start()
-    host, port = server.server_address[:2]
-    shown_host = f"[{host}]" if ":" in host else host
-    _log().info("ragproxy %s listening on http://%s:%d (%s); web panel at http://%s:%d/", __version__, shown_host,
-             port, describe_models(config), shown_host, port)
     stopping = threading.Event()
 
     def stop(*_):
@@ -597,11 +593,17 @@ def _serve(data_dir, config_path, overrides, config, environ):
             stopping.set()
             threading.Thread(target=server.shutdown, daemon=True).start()
 
+    # Before "listening on": whoever reads that line (a supervisor, a test) may
+    # signal at once, and a SIGTERM must still shut down cleanly, not kill.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         if hasattr(signal, "SIGHUP"):
             signal.signal(signal.SIGHUP, watcher.request_reload)
+    host, port = server.server_address[:2]
+    shown_host = f"[{host}]" if ":" in host else host
+    _log().info("ragproxy %s listening on http://%s:%d (%s); web panel at http://%s:%d/", __version__, shown_host,
+             port, describe_models(config), shown_host, port)
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
