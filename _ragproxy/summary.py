@@ -6,7 +6,8 @@ state it reads and writes, and the summarizer it may call).
 
 What is eligible.  After the leading system/developer prefix, the
 plain-text messages (user or assistant, string content or text-only parts)
-older than the last ``retain_recent_messages``, up to the first structured
+older than the last ``retain_recent_messages`` and than the current turn
+(the last user message on), up to the first structured
 message: tool calls, tool results, images and other non-text parts,
 schema'd or unknown fields, a system or developer message in mid-history.
 Structured history and everything after it is never sent to the summarizer
@@ -145,7 +146,11 @@ class _Plan:
         structured = start
         while structured < len(messages) and message_text(messages[structured], api) is not None:
             structured += 1
-        older = len(messages) - retain
+        # The current turn (the last user message and what follows it) is never summarised, whatever
+        # retain says: a reply prefilled in a last assistant message must not take its question's place.
+        last_user = max([i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"],
+                        default=len(messages))
+        older = min(len(messages) - retain, last_user)
         limit = min(structured, older)
         end = limit
         while end > start and not (end < len(messages) and _assistant_side(messages[end], api)):

@@ -136,6 +136,15 @@ def test_applied_chat_shape_and_no_mutation(state):
     assert sent == [{"role": m["role"], "content": m["content"]} for m in msgs[1:18]]
 
 
+def test_the_current_turn_is_never_summarised(state):
+    msgs = chat_history(10) + [{"role": "assistant", "content": "Prefilled start of the reply:"}]
+    fake = FakeSummarizer()
+    out, outcome = run(msgs, state, fake, retain_recent_messages=0)
+    assert outcome.applied
+    assert out[-2:] == msgs[-2:] and out[-2]["content"] == "the current question"
+    assert all(m["content"] != "the current question" for m in fake.calls[0][0])
+
+
 def test_text_only_parts_are_plain_text(state):
     msgs = chat_history(10)
     msgs[3] = {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "two"}]}
