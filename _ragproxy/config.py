@@ -117,6 +117,10 @@ _MODEL_SCHEMA = {
     # The enriched request's tokens at most (0: no limit); context is cut to fit, never the client's words.
     "max_input_tokens": _Field("int", 0, minimum=0),
     "guardrails": _Field("guardrails", {}, null=True),   # the global guardrails' keys, merged over them
+    # on | off | a compression.profiles name: the levers a request gets without an X-Compression header.
+    "compression": _Field("str", "off"),
+    # The model's context window in tokens (window_fit); null: window.KNOWN_WINDOWS by the upstream model name.
+    "context_window": _Field("int", None, minimum=1, null=True),
 }
 
 
@@ -171,6 +175,42 @@ _KB_SCHEMA = {
     # "": the global vectorstore.type; one proxy can keep small KBs built in and a large one in Chroma.
     "vectorstore": _Field("str", "", choices=("", "simple", "chroma", "chroma_http")),
 }
+
+# The compression levers (issue 18) and their parameters; a profile is a list of them, run in order.
+_RANKING = _Field("str", "auto", choices=("auto", "supplied", "lexical"))
+LEVER_SCHEMAS = {
+    "rag_select": {
+        "min_tokens": _Field("int", 0, minimum=0),
+        "ranking": _RANKING,
+        "max_chunks": _Field("int", None, minimum=1, null=True),
+        "min_relevance_percent": _Field("number", None, minimum=0, null=True),   # at most 100
+        "drop_empty": _Field("bool", False),
+    },
+    "compact_serialization": {
+        "min_tokens": _Field("int", 0, minimum=0),
+        "tabular": {"enabled": _Field("bool", True), "min_rows": _Field("int", 2, minimum=1)},
+    },
+    "position_reorder": {"ranking": _RANKING},
+    "window_fit": {
+        "completion_reserve_tokens": _Field("int", 1024, minimum=0),
+        "input_budget_tokens": _Field("int", None, minimum=1, null=True),
+    },
+    "summary_buffer": {
+        "min_tokens": _Field("int", 1024, minimum=0),
+        "retain_recent_messages": _Field("int", 8, minimum=0),
+        "target_summary_tokens": _Field("int", 512, minimum=1),
+        "summarizer": {
+            "provider": _Field("str", _REQUIRED),   # a providers.llm name (openai or ollama type)
+            "model": _Field("str", _REQUIRED),
+            "timeout": _Field("number", 30.0, minimum=0.1),
+        },
+    },
+}
+# The "on" profile when compression.levers is not written: the levers that need nothing configured.
+DEFAULT_LEVERS = ("rag_select", "compact_serialization", "position_reorder", "window_fit")
+COMPRESSION_CHOICES = ("on", "off")
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+_STATE_BACKENDS = ("sqlite", "redis")
 
 _SCHEMA = {
     "server": {
@@ -241,6 +281,17 @@ _SCHEMA = {
     "admin": {
         "token_ttl": _Field("number", 43200.0, minimum=60),
         "max_login_failures": _Field("int", 5, minimum=1),
+    },
+    "compression": {
+        "levers": _Field("levers", None, null=True),      # the "on" profile; null: DEFAULT_LEVERS
+        "profiles": ("named", {"levers": _Field("levers", [], null=True)}),
+        # summary_buffer's per-session state: SQLite under the data directory, or Redis for replicas.
+        "state": {
+            "backend": _Field("str", "sqlite", choices=_STATE_BACKENDS),
+            "ttl": _Field("int", 7 * 24 * 3600, minimum=1),   # seconds a session's summary is kept unused
+            "path": _Field("str", None, null=True),            # sqlite: null means DATA_DIR/compression-state.sqlite3
+            "redis_url": _Field("str", "", null=True),          # redis://[:password@]host:port/db; a secret
+        },
     },
     "uploads": {
         "max_file_bytes": _Field("int", UPLOAD_MAX_FILE_BYTES, minimum=1),
@@ -342,6 +393,8 @@ def _check_field(value, field, path, positions, errors):
         return _check_api_keys(value, path, positions, errors)
     elif kind == "guardrails":
         return _check_model_guardrails(value, path, positions, errors)
+    elif kind == "levers":
+        return _check_levers(value, path, positions, errors)
     if field.choices and value not in field.choices:
         return bad(f"expected one of {', '.join(field.choices)}, got {value!r}")
     if field.minimum is not None and value < field.minimum:
@@ -507,6 +560,98 @@ def _check_guardrails(section, path, positions, errors):
                            else str(exc)))
 
 
+def _check_levers(value, path, positions, errors):
+    """A compression levers list: names (every parameter at its default) or ``{name, params...}``
+    mappings, each lever at most once; ``[{"name", params...}]`` in declared order."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        errors.append((format_path(path), _line_of(positions, path), "expected a list of levers"))
+        return []
+    out, seen = [], {}
+    for i, item in enumerate(value):
+        where = path + (i,)
+        name = item if isinstance(item, str) else item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str):
+            errors.append((format_path(where), _line_of(positions, where),
+                           "expected a lever name or a mapping with its name: " + ", ".join(LEVER_SCHEMAS)))
+            continue
+        if name not in LEVER_SCHEMAS:
+            at = where + ("name",) if isinstance(item, dict) else where
+            hint = _close_match(name, LEVER_SCHEMAS)
+            errors.append((format_path(at), _line_of(positions, at), f"unknown lever {name!r}"
+                           + (f" (did you mean {hint!r}?)" if hint else "")
+                           + f"; the levers are {', '.join(LEVER_SCHEMAS)}"))
+            continue
+        if name in seen:
+            errors.append((format_path(where), _line_of(positions, where),
+                           f"lever {name} is already at {format_path(path + (seen[name],))}: each lever runs once"))
+            continue
+        seen[name] = i
+        params = {k: v for k, v in item.items() if k != "name"} if isinstance(item, dict) else {}
+        checked = _check(params, LEVER_SCHEMAS[name], where, positions, errors)
+        percent = checked.get("min_relevance_percent")
+        if isinstance(percent, float) and not percent <= 100:
+            at = where + ("min_relevance_percent",)
+            errors.append((format_path(at), _line_of(positions, at), f"a percentage is at most 100, got {percent!r}"))
+        out.append({"name": name, **checked})
+    return out
+
+
+def _check_compression(raw, positions, errors):
+    """compression: what the schema cannot say (profile names, the summarizer's provider, the
+    state backend's address), and each model's ``compression`` choice."""
+    section = raw["compression"]
+    if section["levers"] is None:
+        section["levers"] = _check_levers(list(DEFAULT_LEVERS), ("compression", "levers"), positions, errors)
+    profiles = section["profiles"]
+    llm = raw["providers"]["llm"]
+    lists = [(("compression", "levers"), section["levers"])]
+    for name, profile in profiles.items():
+        where = ("compression", "profiles", name)
+        if name in COMPRESSION_CHOICES or not _PROFILE_NAME.match(name):
+            errors.append((format_path(where), _line_of(positions, where),
+                           "a profile name uses letters, digits, '_', '-' and '.' (64 at most, starting with a "
+                           "letter or digit) and is not on or off" if name not in COMPRESSION_CHOICES else
+                           f"{name} is not a profile name: on is compression.levers, off is no levers"))
+        if isinstance(profile, dict):
+            lists.append((where + ("levers",), profile.get("levers") or []))
+    for path, levers in lists:
+        for i, lever in enumerate(levers):
+            if lever["name"] != "summary_buffer":
+                continue
+            where = path + (i, "summarizer", "provider")
+            provider = lever["summarizer"].get("provider")
+            if isinstance(provider, str) and provider not in llm:
+                errors.append((format_path(where), _line_of(positions, where),
+                               f"no provider {provider!r} under providers.llm"
+                               + (f" (have: {', '.join(llm)})" if llm else "")))
+            elif isinstance(provider, str) and isinstance(llm[provider], dict) \
+                    and llm[provider].get("type") == "anthropic":
+                errors.append((format_path(where), _line_of(positions, where),
+                               f"the summarizer is asked through /v1/chat/completions: provider {provider!r} is "
+                               "type anthropic; name an openai or ollama provider"))
+    state = section["state"]
+    url = state["redis_url"] or ""
+    if url and not urllib.parse.urlsplit(url).scheme == "redis":
+        where = ("compression", "state", "redis_url")
+        errors.append((format_path(where), _line_of(positions, where),
+                       "expected a redis://[:password@]host[:port][/db] URL"))   # never the value: a secret
+    elif state["backend"] == "redis" and not url:
+        where = ("compression", "state", "backend")
+        errors.append((format_path(where), _line_of(positions, where),
+                       "backend redis needs compression.state.redis_url (redis://host:6379/0)"))
+    for i, model in enumerate(raw["models"]):
+        choice = model.get("compression") if isinstance(model, dict) else None
+        if isinstance(choice, str) and choice not in COMPRESSION_CHOICES and choice not in profiles:
+            where = ("models", i, "compression")
+            hint = _close_match(choice, list(COMPRESSION_CHOICES) + list(profiles))
+            errors.append((format_path(where), _line_of(positions, where),
+                           f"expected on, off or a compression.profiles name, got {choice!r}"
+                           + (f" (did you mean {hint!r}?)" if hint else "")
+                           + (f"; the profiles are {', '.join(profiles)}" if profiles else "")))
+
+
 def merge_guardrails(base, override):
     """The guardrails in effect for a model: ``override``'s keys (a model's, as checked) over ``base``."""
     merged = copy_default(base)
@@ -613,6 +758,8 @@ class ModelRoute:
     on_failure: str = ""
     timeout_ms: int = 0   # 0: rag.timeout_ms
     max_input_tokens: int = 0   # 0: no limit
+    compression: str = "off"    # on, off or a compression.profiles name
+    context_window: int = None  # tokens; None: window.KNOWN_WINDOWS by the upstream model's name
     # The guardrails in effect for this model (the global ones with its own over them).
     guardrails: dict = dataclasses.field(default=None, hash=False)
 
@@ -897,6 +1044,7 @@ def _check_semantics(raw, positions, errors, warnings):
                               if raw["providers"]["embedding"] else "")))
     _check_guardrails(raw["guardrails"], ("guardrails",), positions, errors)
     _check_vectorstore(raw, positions, errors)
+    _check_compression(raw, positions, errors)
     if not _is_loopback(raw["server"]["host"]) and not (
             raw["api_key_auth"] and raw["api_keys"]):
         errors.append(("server.host", _line_of(positions, ("server", "host")),
