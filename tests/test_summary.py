@@ -7,13 +7,14 @@ real request to the fake OpenAI upstream on a real socket.  State on SQLite
 import copy
 import http.client
 import json
+import random
 import threading
 import urllib.parse
 import uuid
 
 import pytest
 
-from _ragproxy import inject, sessionstate, summary
+from _ragproxy import compress, inject, sessionstate, summary
 from _ragproxy.sessionstate import RedisState, SqliteState
 from _ragproxy.summary import SUMMARY_HEADER, SummarizerFailed, make_summarizer, summary_buffer
 
@@ -592,3 +593,96 @@ def test_make_summarizer_failures(fake, state):
     for model, timeout in (("", 1), ("m", 0), ("m", True)):
         with pytest.raises(ValueError):
             make_summarizer(broken, model, timeout)
+
+
+def test_replicas_racing_on_redis_call_the_summarizer_once(redis_server):
+    """Four threads on two replicas send the same session's request at once: one takes the lease and
+    summarises, the others skip this request or send that same summary; nobody asks a second time."""
+    replicas = [RedisState(redis_server.url), RedisState(redis_server.url)]
+    session = "race-" + uuid.uuid4().hex
+    msgs = chat_history(10)
+    barrier = threading.Barrier(4, timeout=30)
+    calls, results = [], []
+    lock = threading.Lock()
+
+    def summarize(messages, previous, target):
+        with lock:
+            calls.append(1)
+        return "the one summary"
+
+    def send(state):
+        barrier.wait()
+        out = run(msgs, state, summarize, session=session)
+        with lock:
+            results.append(out)
+
+    threads = [threading.Thread(target=send, args=(replicas[i % 2],), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(results) == 4 and len(calls) == 1
+    applied = [out for out, outcome in results if outcome.applied]
+    assert applied and all(out == applied[0] for out in applied)
+    assert all(outcome.reason == "state_unavailable" for _, outcome in results if not outcome.applied)
+    assert all(out is msgs for out, outcome in results if not outcome.applied)
+    for r in replicas:
+        r.close()
+
+
+@pytest.mark.parametrize("api", ["chat", "ollama_chat", "messages", "responses"])
+def test_random_histories_keep_the_invariants(state, api):
+    """Mixed histories (plain, structured, parts, prefixes) never raise, are never mutated, and when
+    rewritten keep every structured message, the current turn and an assistant turn after the summary."""
+    rng = random.Random(sum(map(ord, api)))
+    applied = 0
+
+    def plain(role, i):
+        text = "%s %d %s" % (role, i, filler(i, rng.randint(1, 60)))
+        if rng.random() < 0.2 and api != "ollama_chat":
+            kind = {"responses": "input_text" if role == "user" else "output_text"}.get(api, "text")
+            return {"role": role, "content": [{"type": kind, "text": text}]}
+        return {"role": role, "content": text}
+
+    def structured(i):
+        return rng.choice([
+            {"role": "assistant", "content": "x", "tool_calls": [{"id": "c%d" % i}]},
+            {"role": "user", "content": [{"type": "image", "source": {}}]},
+            {"role": "system", "content": "mid %d" % i},
+            {"type": "function_call", "call_id": "c%d" % i, "name": "f", "arguments": "{}"},
+            {"role": "user", "content": "y", "extra": 1},
+        ])
+
+    for case in range(150):
+        msgs = []
+        if api != "messages" and rng.random() < 0.7:
+            msgs.append({"role": "system", "content": "sys"})
+        for i in range(rng.randint(0, 30)):
+            if rng.random() < 0.05:
+                msgs.append(structured(i))
+            else:
+                msgs.append(plain("user" if i % 2 == 0 else "assistant", i))
+        if rng.random() < 0.2:
+            msgs.append({"role": "assistant", "content": "prefill"})
+        before = copy.deepcopy(msgs)
+        fake = FakeSummarizer()
+        out, outcome = summary_buffer(msgs, api, words, session_id="fuzz-%d" % case, state=state, summarize=fake,
+                                      min_tokens=rng.choice([0, 20, 200]),
+                                      retain_recent_messages=rng.randint(0, 6), target_summary_tokens=20)
+        assert msgs == before
+        assert outcome.reason in compress.REASONS
+        if not outcome.applied:
+            assert out is msgs
+            continue
+        applied += 1
+        k = next(i for i, m in enumerate(out) if isinstance(m.get("content"), str)
+                 and m["content"].startswith(SUMMARY_HEADER))
+        tail = out[k + 1:]
+        assert out[:k] == msgs[:k] and msgs[len(msgs) - len(tail):] == tail
+        assert tail and (tail[0].get("role") == "assistant" or tail[0].get("type") == "function_call")
+        replaced = msgs[k:len(msgs) - len(tail)]
+        assert replaced and all(summary.message_text(m, api) is not None for m in replaced)
+        users = [i for i, m in enumerate(msgs) if m.get("role") == "user"]
+        assert not users or users[-1] >= len(msgs) - len(tail)   # the current turn is kept
+        assert outcome.tokens_after < outcome.tokens_before
+    assert applied >= 20  # the invariants were checked on real rewrites
