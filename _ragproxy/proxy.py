@@ -7,7 +7,7 @@ parsing and forwarding (App.rewriters), and the answer is relayed event by
 event.  The request log and the metrics are kept after the answer is sent.
 /mcp, after the same API-key check, is the MCP server's (mcp.McpServer).
 
-May import: api, config, deps, jsonbody, kb, mcp, metrics, ollama, reqlog, retrieval, upstream.
+May import: api, config, deps, jsonbody, kb, levers, mcp, metrics, ollama, reqlog, retrieval, upstream.
 """
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ from .api import (
 from .config import ModelRoute, Provider, key_allows_kb, key_allows_model
 from .jsonbody import json_object_of, json_object_with_members, leading_model, with_edits, with_model
 from .kb import KnowledgeBases
+from .levers import Runner as CompressionRunner
+from .levers import Selector as CompressionSelector
+from .levers import outcome_fields
 from .metrics import Metrics, store_samples
 from .ollama import translate_ollama_call
 from .reqlog import DEFAULT_REQUEST_LOG_PATH, RequestLog
@@ -59,7 +62,7 @@ _HOP_BY_HOP = frozenset((
 # Never forwarded upstream: framing we recompute, the client's own credentials
 # (each provider sends its own key) and our control headers.
 _DROP_UPSTREAM = _HOP_BY_HOP | {"host", "content-length", "accept-encoding", "authorization", "x-api-key",
-                                "expect"}
+                                "expect", "x-compression"}
 _DROP_DOWNSTREAM = _HOP_BY_HOP | {"content-length"}
 
 
@@ -94,6 +97,8 @@ class Exchange:
     retrieval: dict = None     # what retrieval did, for the request log
     key: dict = None           # the caller's api_keys entry (None: api_key_auth is off); its scope binds retrieval
     members: object = None     # a jsonbody.Members of request.body a rewriter found (the splice reuses it)
+    compression: object = None  # the levers.Profile this request gets (None: no compression)
+    compression_outcomes: list = None   # a compress.Outcome per lever that ran, in order
 
 
 @dataclasses.dataclass
@@ -136,8 +141,11 @@ class App:
                 log.warning("request log off: this Python cannot import sqlite3 (%s)", exc)
             self.metrics.add_collector(self._collect_gauges)
         self.retriever = Retriever(self, self.knowledge_bases) if self.knowledge_bases else None
-        # Callables(exchange) run between parsing and forwarding; retrieval is the first.
-        self.rewriters = [self.retriever] if self.retriever else []
+        # Callables(exchange) run between parsing and forwarding: the compression profile is picked
+        # first (retrieval renders its own chunks by it), its levers run last, over the final list.
+        self.compression = CompressionRunner(self)
+        self.rewriters = [CompressionSelector(self)] + ([self.retriever] if self.retriever else []) \
+            + [self.compression]
 
     def close(self):
         """Flush the request log and drop pooled connections."""
@@ -145,6 +153,7 @@ class App:
             self.knowledge_bases.stop()
         if self.request_log is not None:
             self.request_log.close()
+        self.compression.close()
         self.http.close()
 
     def reload(self, config):
@@ -213,7 +222,8 @@ class App:
                  "error": retrieval["error"] if retrieval.get("outcome") == "failed" else
                  error or retrieval.get("error"), "query": retrieval.get("query"),
                  # What the guardrails found, dropped, refused and redacted, and the token budget.
-                 **(retrieval.get("guardrails") or {})}
+                 **(retrieval.get("guardrails") or {}),
+                 "levers": [outcome_fields(o) for o in exchange.compression_outcomes or ()]}
         self.metrics.observe_request(entry)
         if self.request_log is not None:
             self.request_log.record(entry)
@@ -428,7 +438,8 @@ class App:
         for rewrite in self.rewriters:
             rewrite(exchange)
         if endpoint.name == "count_tokens" and provider.type != "anthropic":
-            return json_response(200, {"input_tokens": _estimate_body_tokens(request.body)})
+            sent = json_bytes(payload) if exchange.changed or exchange.edits else request.body
+            return json_response(200, {"input_tokens": _estimate_body_tokens(sent)})
         if endpoint.dialect == "ollama" and provider.type != "ollama":
             return translate_ollama_call(self, exchange)
         body = request.body
