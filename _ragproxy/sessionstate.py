@@ -17,8 +17,9 @@ work:
 
 Redis runs each step as one Lua script (EVAL), SQLite in a ``BEGIN
 IMMEDIATE`` transaction.  A record lives ``ttl`` seconds after its last
-write: Redis expires it itself; SQLite treats an expired row as absent when
-it reads it and deletes such rows now and then while writing.
+write or use (a read refreshes it: Redis on every read, SQLite at most once
+per tenth of the ttl): Redis expires it itself; SQLite treats an expired row
+as absent when it reads it and deletes such rows now and then while writing.
 
 The Redis client is a small RESP2 client over one socket (AUTH with the
 URL's user and password, SELECT of its database, connect and I/O
@@ -184,6 +185,14 @@ class SqliteState(SessionState):
                              (key,)).fetchone()
             if row is None or row[4] <= now or row[0] is None:
                 return NOTHING
+            if row[4] - now < self.ttl * 0.9:
+                # In use: it lives ttl from now.  Refreshed once per tenth of the ttl, not on every read,
+                # so a session's rounds are reads; and a refresh that cannot have the lock is no error.
+                try:
+                    db.execute("UPDATE summary_state SET expires = MAX(expires, ?) WHERE key = ?",
+                               (now + self.ttl, key))
+                except sqlite3.OperationalError:
+                    pass
             return Stored(row[0], row[1], row[2], row[3])
         return self._run(read)
 
@@ -379,6 +388,12 @@ def parse_redis_url(url):
     return parts.hostname, port, username, password, int(path or 0)
 
 
+# KEYS[1] the record.  ARGV: ttl ms.  A record in use lives ttl from its last read.
+_GET = """
+local r = redis.call('HMGET', KEYS[1], 'summary', 'covered', 'digest', 'version')
+if r[1] then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return r
+"""
 # KEYS[1] the record (a hash), KEYS[2] the lease.  ARGV: lease ms, ttl ms.
 _ACQUIRE = """
 if not redis.call('SET', KEYS[2], '0', 'NX', 'PX', ARGV[1]) then return 0 end
@@ -451,7 +466,7 @@ class RedisState(SessionState):
         return KEY_PREFIX + "{" + key + "}"
 
     def get(self, key):
-        reply = self._call("HMGET", self._record(key), "summary", "covered", "digest", "version")
+        reply = self._call("EVAL", _GET, "1", self._record(key), str(int(self.ttl * 1000)))
         summary, covered, digest, version = reply
         if summary is None:
             return NOTHING

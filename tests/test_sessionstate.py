@@ -177,7 +177,7 @@ def test_racing_replicas_one_wins_each_round(pair):
     assert stored.covered == stored.version
 
 
-def test_a_ttl_after_the_last_write(tmp_path):
+def test_a_ttl_after_the_last_write_or_use(tmp_path):
     clock = Clock()
     state = SqliteState(str(tmp_path / "s.sqlite3"), ttl=100, clock=clock)
     k = key()
@@ -185,8 +185,12 @@ def test_a_ttl_after_the_last_write(tmp_path):
     assert state.put(k, t, 0, "s", 1, "f" * 64)
     state.release(k, t)
     clock.advance(99)
+    assert state.get(k).summary == "s"       # in use: it lives 100 s from this read
+    clock.advance(99)
     assert state.get(k).summary == "s"
-    clock.advance(2)
+    clock.advance(5)
+    assert state.get(k).summary == "s"       # read 5 s ago, not refreshed (a tenth of the ttl): still 94 s
+    clock.advance(95)
     assert state.get(k) == Stored()          # expired on read, before any sweep
     t2 = state.acquire(k, 10)                # a new lease must not bring the old summary back
     assert state.get(k) == Stored()
@@ -211,19 +215,25 @@ def test_sqlite_sweeps_expired_rows_while_writing(tmp_path):
     state.close()
 
 
-def test_redis_expires_records_itself(redis_server):
+def test_redis_expires_records_itself_and_a_read_renews_them(redis_server):
     state = RedisState(redis_server.url, ttl=2.0)
     k = key()
+    record = sessionstate.KEY_PREFIX + "{" + k + "}"
     t = state.acquire(k, 5)
     assert state.put(k, t, 0, "s", 1, "f" * 64)
     client = raw_client(redis_server)
     try:
-        ttl_ms = client.call("PTTL", sessionstate.KEY_PREFIX + "{" + k + "}")
-        assert 0 < ttl_ms <= 2000
+        assert 0 < client.call("PTTL", record) <= 2000
+        client.call("PEXPIRE", record, "300")
+        assert state.get(k).summary == "s"
+        assert client.call("PTTL", record) > 300       # the read gave it its ttl again
+        client.call("PEXPIRE", record, "50")
         deadline = time.monotonic() + 10
-        while state.get(k).summary is not None:
+        while client.call("EXISTS", record):
             assert time.monotonic() < deadline
             time.sleep(0.02)
+        assert state.get(k) == Stored()
+        assert client.call("EXISTS", record) == 0     # reading nothing creates nothing
     finally:
         client.close()
         state.close()

@@ -421,9 +421,11 @@ def test_ttl_expiry_with_an_injected_clock(tmp_path):
     msgs = chat_history(10)
     run(msgs, s, fake)
     clock.advance(599)
+    run(msgs, s, fake)       # used: kept another 600 s
+    clock.advance(599)
     run(msgs, s, fake)
     assert len(fake.calls) == 1
-    clock.advance(2)
+    clock.advance(601)       # unused for longer than the ttl
     out, outcome = run(msgs, s, fake)
     assert outcome.applied and len(fake.calls) == 2 and fake.calls[1][1] is None
     s.close()
