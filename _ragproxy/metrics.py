@@ -26,6 +26,9 @@ log = logging.getLogger("ragproxy")
 
 # -- Prometheus metrics -------------------------------------------------------
 
+#: The compression levers (their reasons are compress.REASONS, closed words: checked by shape here).
+COMPRESSION_LEVERS = ("rag_select", "compact_serialization", "position_reorder", "window_fit", "summary_buffer")
+_REASON = re.compile(r"[a-z_]{1,40}\Z")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _METRICS_MAX_SERIES = 1000   # per family: a flood of odd model names must not eat memory
@@ -220,6 +223,11 @@ _METRIC_FAMILIES = (
      ("category", "at")),
     ("counter", "ragproxy_context_chunks_cut_total",
      "Retrieved chunks left out so that the enriched request fits the model's max_input_tokens.", ()),
+    ("counter", "ragproxy_compression_lever_total",
+     "Compression levers run, by lever, outcome (applied, skipped) and reason (applied, not_needed, no_savings, ...).",
+     ("lever", "outcome", "reason")),
+    ("counter", "ragproxy_compression_tokens_saved_total",
+     "Estimated tokens the compression levers took out of requests, by lever.", ("lever",)),
     ("gauge", "ragproxy_vectorstore_up",
      "Whether the knowledge base's vector store answered its last call (1) or not (0); absent until known.",
      ("kb",)),
@@ -344,6 +352,19 @@ class Metrics:
         cut = (entry.get("budget") or {}).get("cut")
         if cut:
             self._families["ragproxy_context_chunks_cut_total"].inc(cut)
+        self._observe_levers(entry.get("levers"))
+
+    def _observe_levers(self, levers):
+        runs, saved = self._families["ragproxy_compression_lever_total"], \
+            self._families["ragproxy_compression_tokens_saved_total"]
+        for item in levers or ():
+            lever = item.get("lever") if item.get("lever") in COMPRESSION_LEVERS else "other"
+            reason = item.get("reason") if _REASON.match(str(item.get("reason"))) else "other"
+            outcome = "applied" if item.get("outcome") == "applied" else "skipped"
+            runs.inc(lever=lever, outcome=outcome, reason=reason)
+            before, after = item.get("tokens_before") or 0, item.get("tokens_after") or 0
+            if outcome == "applied" and before > after:
+                saved.inc(before - after, lever=lever)
 
     def observe_tool_call(self, tool, outcome, seconds):
         """Count one MCP tool call; ``tool`` and ``outcome`` must be from MCP_TOOLS and MCP_OUTCOMES."""

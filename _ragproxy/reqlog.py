@@ -65,11 +65,13 @@ REQUEST_LOG_FIELDS = (
     "guard_findings",  # [{rule_id, category, confidence, where, item, action, excerpt}] (JSON);
                        # the excerpt (document or tool text) only when log_query is on
     "budget",          # max_input_tokens: {limit, request_tokens, cut, over, tokens} (JSON)
+    "levers",          # compression: [{lever, outcome, reason, tokens_before, tokens_after}] in run order (JSON)
 )
 #: Columns added after the first schema, with their types: added to an older database when it is opened.
 _REQLOG_ADDED_COLUMNS = (("findings", "INTEGER"), ("rule_ids", "TEXT"), ("dropped", "INTEGER"), ("denied", "TEXT"),
-                         ("redactions", "TEXT"), ("guard_findings", "TEXT"), ("budget", "TEXT"))
-_JSON_COLUMNS = ("rule_ids", "redactions", "guard_findings", "budget")
+                         ("redactions", "TEXT"), ("guard_findings", "TEXT"), ("budget", "TEXT"),
+                         ("levers", "TEXT"))   # levers: schema version 3
+_JSON_COLUMNS = ("rule_ids", "redactions", "guard_findings", "budget", "levers")
 # Optional entry key read only by Metrics.observe_request(): "retrieval_stages",
 # a dict {stage: seconds} with stages from RETRIEVAL_STAGES.
 
@@ -80,7 +82,7 @@ _REQLOG_BATCH_MAX = 500
 # the GIL for its SQLite work while the request it logged was still being
 # answered (measured: +~0.1 ms at 1 client in bench/proxy_overhead.py 'slow').
 _REQLOG_WRITE_INTERVAL = 0.25
-_REQLOG_SCHEMA_VERSION = 2
+_REQLOG_SCHEMA_VERSION = 3
 _REQLOG_SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
     id INTEGER PRIMARY KEY,
@@ -107,7 +109,8 @@ CREATE TABLE IF NOT EXISTS requests (
     denied TEXT,
     redactions TEXT,
     guard_findings TEXT,
-    budget TEXT
+    budget TEXT,
+    levers TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_time ON requests (time);
 """
@@ -183,6 +186,7 @@ def _row_values(entry, log_query):
         _json_or_none(entry.get("redactions")),
         _json_or_none(_findings_kept(entry.get("guard_findings"), log_query)),
         _json_or_none(entry.get("budget")),
+        _json_or_none(entry.get("levers") or None),
     )
 
 

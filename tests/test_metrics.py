@@ -258,3 +258,28 @@ def test_metrics_of_a_running_proxy_show_its_chroma_store_up_then_down(make_admi
     assert admin.post("/admin/api/kbs/big/store/test")[2]["ok"] is False
     up, _ = gauges()
     assert up == {"big": 0}, up
+
+
+def test_compression_families_count_each_lever_by_outcome_and_reason_and_the_tokens_it_saved():
+    from prometheus_client import parser  # requirements-test.txt: never skipped
+    m = Metrics()
+    levers = [{"lever": "rag_select", "outcome": "applied", "reason": "applied", "tokens_before": 900,
+               "tokens_after": 300},
+              {"lever": "window_fit", "outcome": "skipped", "reason": "not_needed", "tokens_before": 50,
+               "tokens_after": 50}]
+    m.observe_request(entry(levers=levers))
+    m.observe_request(entry(levers=levers[:1]))
+    # A name or reason from outside the code's closed sets cannot grow a label set.
+    m.observe_request(entry(levers=[{"lever": "made_up", "outcome": "applied", "reason": "Bad Reason!",
+                                     "tokens_before": 10, "tokens_after": 4}]))
+    m.observe_request(entry())
+    families = {f.name: f for f in parser.text_string_to_metric_families(m.render())}
+
+    def samples(name):
+        return {tuple(sorted(s.labels.items())): s.value for s in families[name].samples if s.name.endswith("_total")}
+
+    assert samples("ragproxy_compression_lever") == {
+        (("lever", "rag_select"), ("outcome", "applied"), ("reason", "applied")): 2,
+        (("lever", "window_fit"), ("outcome", "skipped"), ("reason", "not_needed")): 1,
+        (("lever", "other"), ("outcome", "applied"), ("reason", "other")): 1}
+    assert samples("ragproxy_compression_tokens_saved") == {(("lever", "rag_select"),): 1200, (("lever", "other"),): 6}

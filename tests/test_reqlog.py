@@ -173,7 +173,7 @@ def test_a_database_from_before_the_guardrails_gets_their_columns(tmp_path, cloc
         assert rl.stats(now=T0)["requests"] == 2
     with RequestLog(path, clock=clock) as again:   # opened a second time: nothing to add, nothing lost
         assert again.count() == 2
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
 
 
 def test_a_malformed_entry_is_skipped_without_losing_its_batch(open_log):
@@ -510,3 +510,41 @@ def test_a_write_stuck_in_the_database_holds_up_no_answer(make_proxy, tmp_path):
     first.close()
     second.close()
     log.close()
+
+
+LEVERS = [{"lever": "rag_select", "outcome": "applied", "reason": "applied", "tokens_before": 900, "tokens_after": 300},
+          {"lever": "window_fit", "outcome": "skipped", "reason": "not_needed", "tokens_before": 0, "tokens_after": 0}]
+
+
+def test_the_levers_that_ran_are_kept_in_order_and_a_request_without_compression_has_none(open_log):
+    rl = open_log()
+    rl.record(entry(levers=LEVERS))
+    rl.record(entry(model="plain"))
+    assert rl.flush()
+    plain, compressed = rl.query()
+    assert compressed["levers"] == LEVERS
+    assert plain["levers"] is None
+
+
+def test_a_version_2_database_gets_the_levers_column_and_keeps_its_rows(tmp_path, clock):
+    path = str(tmp_path / "requests.db")
+    old = sqlite3.connect(path)
+    old.executescript("""
+        CREATE TABLE requests (id INTEGER PRIMARY KEY, time REAL NOT NULL, client TEXT, model TEXT, upstream TEXT,
+            endpoint TEXT, kbs TEXT, retrieval_mode TEXT, outcome TEXT, chunk_ids TEXT, context_tokens INTEGER,
+            retrieval_ms REAL, upstream_ms REAL, total_ms REAL, status INTEGER, streamed INTEGER, error TEXT,
+            query TEXT, findings INTEGER, rule_ids TEXT, dropped INTEGER, denied TEXT, redactions TEXT,
+            guard_findings TEXT, budget TEXT);
+        CREATE INDEX requests_time ON requests (time);
+        INSERT INTO requests (time, model, outcome, chunk_ids, status, streamed, budget)
+            VALUES (1699999990.0, 'before', 'retrieved', '[]', 200, 0, '{"cut": 2}');
+        PRAGMA user_version=2;
+    """)
+    old.close()
+    with RequestLog(path, clock=clock) as rl:
+        rl.record(entry(model="after", levers=LEVERS))
+        assert rl.flush()
+        after, before = rl.query()
+        assert before["model"] == "before" and before["levers"] is None and before["budget"] == {"cut": 2}
+        assert after["levers"] == LEVERS
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
