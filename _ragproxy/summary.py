@@ -121,10 +121,12 @@ def _assistant_side(message, api):
     return api == "responses" and message.get("type") in ("function_call", "custom_tool_call", "reasoning")
 
 
-def _digest(messages):
+def _digest(messages, api):
+    """What the summary stands for: each message's role and text.  Not its JSON: a client that moves a
+    cache_control breakpoint or sends a string as a text part has not changed the conversation."""
     h = hashlib.sha256()
     for m in messages:
-        h.update(json.dumps(m, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode())
+        h.update(json.dumps([m["role"], message_text(m, api)], ensure_ascii=True).encode())
         h.update(b"\n")
     return h.hexdigest()
 
@@ -225,7 +227,7 @@ def summary_buffer(messages, api, estimate, *, session_id, state, summarize,
         except Exception as exc:  # noqa: BLE001 - a summarizer of any kind fails open, never a 5xx
             return messages, Outcome(LEVER, False, "summarizer_failed", before, before, type(exc).__name__)
         text = text.strip()
-        digest = _digest(run)
+        digest = _digest(run, api)
         try:
             won = state.put(key, token, stored.version, text, len(run), digest)
         except sessionstate.StateUnavailable:
@@ -261,7 +263,7 @@ class _Lever:
         if stored.summary is None or not 0 < n <= len(self.run):
             return 0
         follows = self.messages[self.plan.start + n] if self.plan.start + n < len(self.messages) else None
-        if not _assistant_side(follows, self.api) or _digest(self.run[:n]) != stored.digest:
+        if not _assistant_side(follows, self.api) or _digest(self.run[:n], self.api) != stored.digest:
             return 0
         return n
 

@@ -283,6 +283,22 @@ def test_edited_history_starts_a_fresh_summary(state):
     assert outcome.applied and len(fake.calls) == 2 and fake.calls[1][1] is None
 
 
+def test_a_moved_cache_breakpoint_is_the_same_history(state):
+    """Claude Code moves its cache_control breakpoints every round; the summary still fits."""
+    fake = FakeSummarizer()
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "u%d " % i + filler(i)}]} if i % 2 == 0
+            else {"role": "assistant", "content": "a%d " % i + filler(i)} for i in range(17)]
+    msgs[2]["content"][0]["cache_control"] = {"type": "ephemeral"}
+    first, o1 = summary_buffer(msgs, "messages", words, session_id="cc", state=state, summarize=fake,
+                               min_tokens=100, retain_recent_messages=2)
+    moved = copy.deepcopy(msgs)
+    del moved[2]["content"][0]["cache_control"]
+    moved[4]["content"] = moved[4]["content"][0]["text"]  # and a part list sent as a string
+    second, o2 = summary_buffer(moved, "messages", words, session_id="cc", state=state, summarize=fake,
+                                min_tokens=100, retain_recent_messages=2)
+    assert o1.applied and o2.applied and len(fake.calls) == 1 and second == first
+
+
 def test_sessions_and_scopes_are_separate(state):
     fake = FakeSummarizer()
     msgs = chat_history(10)
