@@ -118,7 +118,7 @@ _MODEL_SCHEMA = {
     "max_input_tokens": _Field("int", 0, minimum=0),
     "guardrails": _Field("guardrails", {}, null=True),   # the global guardrails' keys, merged over them
     # on | off | a compression.profiles name: the levers a request gets without an X-Compression header.
-    "compression": _Field("str", "off"),
+    "compression": _Field("compression_choice", "off"),   # YAML 1.1 reads a bare on / off as true / false
     # The model's context window in tokens (window_fit); null: window.KNOWN_WINDOWS by the upstream model name.
     "context_window": _Field("int", None, minimum=1, null=True),
 }
@@ -395,6 +395,11 @@ def _check_field(value, field, path, positions, errors):
         return _check_model_guardrails(value, path, positions, errors)
     elif kind == "levers":
         return _check_levers(value, path, positions, errors)
+    elif kind == "compression_choice":
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if not isinstance(value, str):
+            return bad(f"expected on, off or a compression.profiles name, got {value!r}")
     if field.choices and value not in field.choices:
         return bad(f"expected one of {', '.join(field.choices)}, got {value!r}")
     if field.minimum is not None and value < field.minimum:

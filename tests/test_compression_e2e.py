@@ -1,0 +1,180 @@
+"""Compression end to end: the official SDKs through the real server (port 0) to the fake upstream.
+
+Each test checks what the upstream received: the marked blocks as the levers
+left them, every byte outside them as the client sent it, X-Compression gone.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import API_KEY, logged_rows
+
+from _ragproxy import marked
+
+COMPRESSION = """
+  - {name: squeeze, upstream: oa, compression: on}
+  - {name: claude-squeeze, upstream: an, compression: top2}
+  - {name: llama-squeeze, upstream: ol, compression: top2}
+compression:
+  levers:
+    - {name: rag_select, max_chunks: 2}
+    - position_reorder
+  profiles:
+    top2:
+      levers: [{name: rag_select, max_chunks: 2}]
+    nothing:
+      levers: []
+"""
+
+BEFORE = "Please answer from the notes below.\n\n"
+AFTER = "\n\nThanks! Keep it short."
+
+
+def block(scores=(0.2, 0.9, 0.5, 0.1), newline="\n"):
+    lines = ["<sbproxy-retrieval>", "<sbproxy-query>", "Why did the deployment fail?", "</sbproxy-query>"]
+    for i, score in enumerate(scores):
+        lines += [f'<sbproxy-chunk id="c{i}" score="{score}" format="text">', f"chunk {i} text, score {score}",
+                  "</sbproxy-chunk>"]
+    lines.append("</sbproxy-retrieval>")
+    return newline.join(lines) + newline
+
+
+def chunk_ids(text):
+    return [c.id for s in marked.parse(text) if isinstance(s, marked.Block) for c in s.chunks]
+
+
+def outside(text):
+    return [s for s in marked.parse(text) if isinstance(s, str)]
+
+
+@pytest.fixture
+def proxy(make_proxy, tmp_path):
+    return make_proxy(data_dir=tmp_path, extra=COMPRESSION)
+
+
+def test_openai_chat_with_the_header_keeps_the_two_best_chunks_best_at_the_edges(proxy, fake):
+    import openai
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
+    content = BEFORE + block() + AFTER
+    client.chat.completions.create(model="gpt-4o", messages=[
+        {"role": "system", "content": "You are terse."}, {"role": "user", "content": content}],
+        extra_headers={"X-Compression": "on"})
+    sent = fake.last.json["messages"]
+    assert sent[0] == {"role": "system", "content": "You are terse."}
+    assert chunk_ids(sent[1]["content"]) == ["c1", "c2"]   # 0.9 first, 0.5 last: two chunks are already at the edges
+    assert outside(sent[1]["content"]) == outside(content)
+    assert "x-compression" not in fake.last.headers
+    rows = logged_rows(proxy.app, 1)
+    assert [(lv["lever"], lv["outcome"], lv["reason"]) for lv in rows[0]["levers"]] == [
+        ("rag_select", "applied", "applied"), ("position_reorder", "skipped", "already_ordered")]
+    assert rows[0]["levers"][0]["tokens_after"] < rows[0]["levers"][0]["tokens_before"]
+    metrics = proxy.app.metrics.render()
+    assert 'ragproxy_compression_lever_total{lever="rag_select",outcome="applied",reason="applied"} 1' in metrics
+
+
+def test_the_models_own_setting_applies_without_a_header_and_off_turns_it_off(proxy, fake):
+    import openai
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
+    content = block()
+    client.chat.completions.create(model="squeeze", messages=[{"role": "user", "content": content}])
+    assert chunk_ids(fake.last.json["messages"][0]["content"]) == ["c1", "c2"]
+    client.chat.completions.create(model="squeeze", messages=[{"role": "user", "content": content}],
+                                   extra_headers={"X-Compression": "off"})
+    assert fake.last.json["messages"][0]["content"] == content
+    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": content}])
+    assert fake.last.json["messages"][0]["content"] == content   # gpt-* is off by default
+
+
+def test_anthropic_messages_through_a_profile_and_the_sdk_count_tokens(proxy, fake):
+    import anthropic
+    client = anthropic.Anthropic(base_url=proxy.url, api_key=API_KEY, max_retries=0, timeout=10)
+    content = BEFORE + block(newline="\r\n") + AFTER
+    client.messages.create(model="claude-squeeze", max_tokens=50, system="terse",
+                           messages=[{"role": "user", "content": content}])
+    sent = fake.last.json
+    assert sent["system"] == "terse"
+    assert chunk_ids(sent["messages"][0]["content"]) == ["c1", "c2"]   # top2 keeps retrieval order
+    assert outside(sent["messages"][0]["content"]) == outside(content)
+    assert "\r\n" in sent["messages"][0]["content"]
+    client.messages.count_tokens(model="claude-squeeze", messages=[{"role": "user", "content": content}])
+    assert fake.last.path.endswith("/count_tokens")
+    assert chunk_ids(fake.last.json["messages"][0]["content"]) == ["c1", "c2"]   # counts what would be sent
+
+
+def test_ollama_chat_native_and_a_responses_input_list(proxy, fake):
+    import ollama
+    import openai
+    client = ollama.Client(host=proxy.url, headers={"Authorization": "Bearer " + API_KEY, "X-Compression": "top2"})
+    content = block()
+    client.chat(model="llama3.1", messages=[{"role": "user", "content": content}])
+    assert fake.last.path == "/api/chat"
+    assert chunk_ids(fake.last.json["messages"][0]["content"]) == ["c1", "c2"]
+    oa = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
+    oa.responses.create(model="gpt-4o", input=[{"role": "user", "content": content}],
+                        extra_headers={"X-Compression": "top2"})
+    assert chunk_ids(fake.last.json["input"][0]["content"]) == ["c1", "c2"]
+    oa.responses.create(model="gpt-4o", input=content, extra_headers={"X-Compression": "top2"})
+    assert fake.last.json["input"] == content   # a string input is not eligible
+    row = logged_rows(proxy.app, 3)[0]
+    assert [(lv["lever"], lv["reason"]) for lv in row["levers"]] == [("rag_select", "not_eligible")]
+
+
+@pytest.mark.parametrize("value", ["on, off", "On", "tight", "", "top2 x"])
+def test_a_malformed_or_undeclared_header_is_a_400_in_each_apis_shape(proxy, fake, value):
+    import anthropic
+    import openai
+    oa = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
+    with pytest.raises(openai.BadRequestError) as raised:
+        oa.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}],
+                                   extra_headers={"X-Compression": value})
+    assert raised.value.body["code"] == "invalid_compression_header"
+    an = anthropic.Anthropic(base_url=proxy.url, api_key=API_KEY, max_retries=0, timeout=10)
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        an.messages.create(model="claude-x", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
+                           extra_headers={"X-Compression": value})
+    assert raised.value.body["type"] == "error"
+    assert fake.requests == []   # nothing went upstream
+
+
+def test_a_repeated_header_is_malformed(proxy, fake):
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+    body = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
+    conn.putrequest("POST", "/v1/chat/completions")
+    for name, value in (("Authorization", "Bearer " + API_KEY), ("Content-Type", "application/json"),
+                        ("Content-Length", str(len(body))), ("X-Compression", "on"), ("X-Compression", "on")):
+        conn.putheader(name, value)
+    conn.endheaders(body.encode())
+    response = conn.getresponse()
+    assert response.status == 400
+    assert json.loads(response.read())["error"]["code"] == "invalid_compression_header"
+
+
+def test_a_malformed_block_leaves_the_list_untouched_and_the_log_says_why(proxy, fake):
+    import openai
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
+    good, broken = block(), block().replace("</sbproxy-query>\n", "", 1)
+    messages = [{"role": "user", "content": good}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": broken}]
+    client.chat.completions.create(model="squeeze", messages=messages)
+    assert fake.last.json["messages"] == messages   # not even the well-formed first block is trimmed
+    levers = logged_rows(proxy.app, 1)[0]["levers"]
+    assert [(lv["lever"], lv["reason"]) for lv in levers] == [
+        ("rag_select", "malformed_marked_context"), ("position_reorder", "malformed_marked_context")]
+
+
+def test_an_empty_profile_changes_nothing_and_tools_pass_byte_for_byte(proxy, fake):
+    import urllib.request
+    body = (b'{"model": "gpt-4o", "tools": [{"type": "function", "function": {"name": "f",  "parameters": {}}}],'
+            b' "messages": [{"role": "user", "content": ' + json.dumps(block()).encode() + b'}]}')
+    for profile in ("nothing", "top2"):
+        request = urllib.request.Request(proxy.url + "/v1/chat/completions", body, method="POST", headers={
+            "Authorization": "Bearer " + API_KEY, "Content-Type": "application/json", "X-Compression": profile})
+        urllib.request.urlopen(request, timeout=10).read()
+        received = fake.last.body
+        if profile == "nothing":
+            assert received == body
+        else:   # only the messages member is encoded again: the tools keep their odd spacing
+            assert b'"tools": [{"type": "function", "function": {"name": "f",  "parameters": {}}}]' in received
+            assert chunk_ids(fake.last.json["messages"][0]["content"]) == ["c1", "c2"]
