@@ -151,7 +151,8 @@ class SqliteState(SessionState):
                 os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
                 os.chmod(path, 0o600)
             self._db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA busy_timeout=%d" % int(busy_timeout * 1000))
+            self._busy_ms = int(busy_timeout * 1000)
+            self._db.execute("PRAGMA busy_timeout=%d" % self._busy_ms)
             if path != ":memory:":
                 self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(_SCHEMA)
@@ -188,11 +189,14 @@ class SqliteState(SessionState):
             if row[4] - now < self.ttl * 0.9:
                 # In use: it lives ttl from now.  Refreshed once per tenth of the ttl, not on every read,
                 # so a session's rounds are reads; and a refresh that cannot have the lock is no error.
+                db.execute("PRAGMA busy_timeout=0")  # a read does not wait for another writer to renew
                 try:
                     db.execute("UPDATE summary_state SET expires = MAX(expires, ?) WHERE key = ?",
                                (now + self.ttl, key))
                 except sqlite3.OperationalError:
                     pass
+                finally:
+                    db.execute("PRAGMA busy_timeout=%d" % self._busy_ms)
             return Stored(row[0], row[1], row[2], row[3])
         return self._run(read)
 

@@ -296,6 +296,30 @@ def test_sqlite_busy_past_its_timeout_is_state_unavailable(tmp_path):
     state.close()
 
 
+def test_a_read_renews_without_waiting_for_another_writer(tmp_path):
+    clock = Clock()
+    path = str(tmp_path / "s.sqlite3")
+    state = SqliteState(path, ttl=100, clock=clock, busy_timeout=30.0)
+    t = state.acquire("k", 10)
+    state.put("k", t, 0, "s", 1, "f" * 64)
+    clock.advance(50)  # due for a renewal
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        got = []
+        reader = threading.Thread(target=lambda: got.append(state.get("k")), daemon=True)
+        reader.start()
+        reader.join(10)  # not the 30 s busy timeout
+        assert got and got[0].summary == "s", "the read waited for the writer"
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert state.get("k").summary == "s"       # renewed now: lives 100 s from here
+    clock.advance(99)
+    assert state.get("k").summary == "s"
+    state.close()
+
+
 def test_open_state_spec_errors(tmp_path):
     with pytest.raises(ValueError, match="data directory"):
         sessionstate.open_state({"backend": "sqlite", "ttl": 10}, None)
