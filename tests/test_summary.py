@@ -500,6 +500,20 @@ def test_a_replica_finding_the_lease_taken_falls_back(tmp_path):
     b.close()
 
 
+def test_lease_taken_elsewhere_sends_the_stored_summary(state):
+    fake = FakeSummarizer()
+    msgs = chat_history(10)
+    first, _ = run(msgs, state, fake)
+    grown = msgs[:-1] + chat_history(8, system=False, first=10)
+    token = state.acquire(summary.state_key("sess-1"), 60)  # another replica is re-summarising
+    out, outcome = run(grown, state, fake)
+    assert outcome.applied and len(fake.calls) == 1
+    assert out[1] == first[1] and out[2:] == grown[18:]    # last round's summary, the same bytes
+    state.release(summary.state_key("sess-1"), token)
+    out, outcome = run(grown, state, fake)
+    assert outcome.applied and len(fake.calls) == 2 and out[1] != first[1]
+
+
 def test_two_redis_replicas_share_one_summary(redis_server):
     a, b = RedisState(redis_server.url), RedisState(redis_server.url)
     session = "redis-" + uuid.uuid4().hex
