@@ -22,14 +22,18 @@ one of the four APIs accepts there: Anthropic's first message must be one,
 and many chat templates refuse a system message after the first).
 
 Incremental and prefix-stable.  The state (sessionstate) says how many
-leading eligible messages the stored summary covers and a digest of them.
+leading eligible messages the stored summary covers and a digest of their
+roles and texts.
 While the digest matches and the eligible messages beyond it hold fewer than
 ``min_tokens`` tokens, the stored summary is reused as it is: consecutive
 rounds of an agent loop send the same bytes.  Only when that uncovered part
 reaches ``min_tokens`` are those messages (and the previous summary) sent
 to the summarizer, and the new summary then covers the whole eligible run.
 A history that no longer matches the digest (edited, or another
-conversation under the same session id) starts a fresh summary.
+conversation under the same session id) starts a fresh summary.  A request
+that finds the session's lease taken (another replica is summarising), or
+whose write loses to another replica's, sends the stored summary when it
+fits, so the replicas send the same bytes too.
 
 Commit rule: the list is rewritten only when the summary's estimate is
 strictly below that of the messages it replaces (``no_savings`` otherwise).
