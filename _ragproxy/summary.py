@@ -38,8 +38,8 @@ fits, so the replicas send the same bytes too.
 Commit rule: the list is rewritten only when the summary's estimate is
 strictly below that of the messages it replaces (``no_savings`` otherwise).
 Skips: ``missing_session`` (no or invalid session id), ``state_unavailable``
-(no state, the store fails, or another replica holds the key's lease and no
-stored summary fits), ``structured_request`` (the history that would be
+(no state, or the store fails), ``summary_busy`` (another replica holds the
+key's lease and no stored summary fits), ``structured_request`` (the history that would be
 summarised is structured), ``not_needed`` (under ``min_tokens``),
 ``summarizer_failed``, ``not_eligible`` (a Responses string input).  Every
 skip leaves the list unchanged; nothing here raises for a request.
@@ -211,7 +211,7 @@ def summary_buffer(messages, api, estimate, *, session_id, state, summarize,
     except sessionstate.StateUnavailable:
         return lever.fallback(stored, covered, "state_unavailable", "acquire")
     if token is None:  # another replica or thread is summarising this session right now
-        return lever.fallback(stored, covered, "state_unavailable", "lease held elsewhere")
+        return lever.fallback(stored, covered, "summary_busy", "lease held elsewhere")
     try:
         # The holder before us may have just written what we were about to make.
         try:

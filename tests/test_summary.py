@@ -488,7 +488,7 @@ def test_a_replica_finding_the_lease_taken_falls_back(tmp_path):
     assert inside.wait(30)
     fake_b = FakeSummarizer()
     out_b, outcome_b = run(msgs, b, fake_b)
-    assert out_b is msgs and outcome_b.reason == "state_unavailable" and "lease" in outcome_b.detail
+    assert out_b is msgs and outcome_b.reason == "summary_busy" and "lease" in outcome_b.detail
     assert fake_b.calls == []
     release.set()
     thread.join(30)
@@ -656,7 +656,7 @@ def test_replicas_racing_on_redis_call_the_summarizer_once(redis_server):
     assert len(results) == 4 and len(calls) == 1
     applied = [out for out, outcome in results if outcome.applied]
     assert applied and all(out == applied[0] for out in applied)
-    assert all(outcome.reason == "state_unavailable" for _, outcome in results if not outcome.applied)
+    assert all(outcome.reason == "summary_busy" for _, outcome in results if not outcome.applied)
     assert all(out is msgs for out, outcome in results if not outcome.applied)
     for r in replicas:
         r.close()
