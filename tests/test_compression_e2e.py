@@ -10,7 +10,7 @@ import json
 import pytest
 from conftest import API_KEY, logged_rows
 
-from _ragproxy import marked
+from _ragproxy import marked, summary
 
 COMPRESSION = """
   - {name: squeeze, upstream: oa, compression: on}
@@ -178,3 +178,66 @@ def test_an_empty_profile_changes_nothing_and_tools_pass_byte_for_byte(proxy, fa
         else:   # only the messages member is encoded again: the tools keep their odd spacing
             assert b'"tools": [{"type": "function", "function": {"name": "f",  "parameters": {}}}]' in received
             assert chunk_ids(fake.last.json["messages"][0]["content"]) == ["c1", "c2"]
+
+
+AGENT = """
+  - {name: agent, upstream: oa, compression: agent, context_window: 3000}
+compression:
+  profiles:
+    agent:
+      levers:
+        - {name: summary_buffer, min_tokens: 300, retain_recent_messages: 4, target_summary_tokens: 60,
+           summarizer: {provider: oa, model: summarizer-model, timeout: 5}}
+        - {name: window_fit, completion_reserve_tokens: 500}
+"""
+
+
+def test_an_agent_loop_with_summary_buffer_and_window_fit_keeps_its_prefix_between_tool_rounds(make_proxy, fake,
+                                                                                              tmp_path):
+    """Tool rounds of one turn re-send the same prefix; it changes only when a lever has to act again."""
+    import openai
+    proxy = make_proxy(data_dir=tmp_path, extra=AGENT)
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10,
+                           default_headers={"X-Ragproxy-Session-Id": "agent-session-1"})
+    words = "the build log shows a failing step in the deploy stage again "
+    messages = [{"role": "system", "content": "You are a coding agent."}]
+    for i in range(6):   # earlier plain turns: what summary_buffer may summarise
+        messages += [{"role": "user", "content": f"question {i}: " + words * 6},
+                     {"role": "assistant", "content": f"answer {i}: " + words * 6}]
+    for i in range(12):   # earlier agent turns with tools: structured, only window_fit may drop them
+        messages += [{"role": "user", "content": f"task {i}: " + words * 2},
+                     {"role": "assistant", "content": None, "tool_calls": [{"id": f"old_{i}", "type": "function",
+                                                                            "function": {"name": "grep",
+                                                                                         "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": f"old_{i}", "content": f"match {i}: " + words * 6},
+                     {"role": "assistant", "content": f"done {i}."}]
+    messages.append({"role": "user", "content": "now fix the deploy"})
+    sent = []
+    for round_ in range(25):   # one turn of tool rounds: each adds a call and its result
+        client.chat.completions.create(model="agent", messages=messages)
+        newest = messages[-1]
+        upstream = [r for r in fake.requests if r.path.endswith("/chat/completions")]
+        sent.append(next(r for r in reversed(upstream) if r.json["model"] == "agent"))
+        call_id = f"call_{round_}"
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "read_file", "arguments": '{"n": %d}' % round_}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": f"file {round_}: " + words * 2}]
+    lists = [r.json["messages"] for r in sent]
+    breaks = [k for k in range(1, len(lists)) if lists[k][:len(lists[k - 1])] != lists[k - 1]]
+    levers = [row["levers"] for row in reversed(logged_rows(proxy.app, 25))]
+    fitted = [k for k, lv in enumerate(levers) if lv[1]["outcome"] == "applied"]
+    summarised = [k for k, lv in enumerate(levers) if lv[0]["outcome"] == "applied"]
+    assert summarised, [lv[0]["reason"] for lv in levers]
+    assert fitted, [lv[1]["reason"] for lv in levers]   # the transcript outgrew the window: window_fit cut
+    # Every tool pairing the model sees is whole, and the current turn is there.
+    for listed in lists:
+        ids = {c["id"] for m in listed if m.get("tool_calls") for c in m["tool_calls"]}
+        assert all(m["tool_call_id"] in ids for m in listed if m["role"] == "tool")
+        assert listed[0]["role"] == "system"
+    assert lists[-1][-1] == newest
+    # The summary is made once and re-sent byte for byte; the prefix changes only where window_fit
+    # had to cut again (it cuts down to a low-water mark, so not on every round past the budget).
+    assert len([r for r in fake.requests if r.json and r.json.get("model") == "summarizer-model"]) == 1
+    made = [m for listed in lists for m in listed if str(m.get("content")).startswith(summary.SUMMARY_HEADER)]
+    assert made and all(m == made[0] for m in made)   # (window_fit drops it with the oldest history once it cuts)
+    assert set(breaks) <= set(fitted) and 1 <= len(breaks) <= 3, (breaks, fitted)
