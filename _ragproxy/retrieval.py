@@ -465,6 +465,12 @@ def _merge(lists, merge):
             for key, score in sorted(fused.items(), key=lambda item: -item[1])]
 
 
+def _compression_key(exchange):
+    """The active compression profile's key (levers.Profile.key), None without one."""
+    compression = getattr(exchange, "compression", None)
+    return None if compression is None else compression.key
+
+
 class Retriever:
     """The request rewriter that puts knowledge-base context into requests."""
 
@@ -474,6 +480,10 @@ class Retriever:
         self.count_tokens = _tiktoken_counter() or estimate_tokens_text
         self.turns = _LRU(app.config.rag["turn_cache_size"])
         self.stale = _LRU(app.config.rag["turn_cache_size"])
+        # Hits per (KBs, query, settings, KB generations): a question asked
+        # again (a new chat, a retry, a subagent) costs no search, and an
+        # embedding model's vector for it no call either.
+        self.searches = _LRU(app.config.rag["turn_cache_size"])
         self.disabled_rerankers = {}  # provider name -> why, after a permanent error (the panel shows it)
         self._guards, self._redactors = {}, {}   # compiled once per set of deny patterns / categories
         self._rails = _rails_of(app.config)
@@ -484,6 +494,8 @@ class Retriever:
         both caches: what they hold was screened by the old ones."""
         for cache in (self.turns, self.stale):
             cache.resize(config.rag["turn_cache_size"])
+        self.searches.resize(0)   # a KB's spec (its retrieval mode, its fusion) may have changed
+        self.searches.resize(config.rag["turn_cache_size"])
         rails = _rails_of(config)
         if rails != self._rails:
             self._rails = rails
@@ -590,7 +602,9 @@ class Retriever:
             exchange.retrieval["outcome"] = "over_budget"
             return
         # Keyed by the key's scope too: a key never gets context retrieved for another.
-        key = (turn, tuple(names), route.name, route.inject_mode, key_scope(exchange.key)) if turn else None
+        # And by the compression profile: its levers chose and ordered the chunks rendered.
+        key = (turn, tuple(names), route.name, route.inject_mode, key_scope(exchange.key),
+               _compression_key(exchange)) if turn else None
         # Only a later round of the turn reuses what its first request got; the
         # first request of a turn (a new chat, a retry) retrieves and refreshes it.
         found = self.turns.get(key) if key and later_round else None
@@ -670,7 +684,7 @@ class Retriever:
         route = exchange.route
         policy = route.on_failure or rag["on_failure"]
         template = rag["inject_template"]
-        stale_key = (tuple(names), query, key_scope(exchange.key))
+        stale_key = (tuple(names), query, key_scope(exchange.key), _compression_key(exchange))
         limit = Deadline((route.timeout_ms or rag["timeout_ms"]) / 1000.0)
         try:
             hits = self.search(names, query, route, stages=exchange.retrieval["stages"], deadline=limit)
@@ -693,6 +707,14 @@ class Retriever:
         if screen.dropped:   # what the request log and the header cite is what was injected
             kept = {c["id"] for c in chunks}
             hits = [hit for hit in hits if hit.id in kept]
+        compression = getattr(exchange, "compression", None)
+        if compression is not None and chunks:
+            # The profile's rag_select and position_reorder pick and order ragproxy's own chunks
+            # before they are rendered: no marked block to find in the request afterwards.
+            order = compression.own_context(query, [{"text": c["content"], "score": hit.score}
+                                                    for c, hit in zip(chunks, hits)])
+            order = [i for i in order if isinstance(i, int) and 0 <= i < len(chunks)]
+            chunks, hits = [chunks[i] for i in order], [hits[i] for i in order]
         context, used = "", []
         if chunks and rag["max_context_tokens"] > 0:
             # As render_context, except that the person's own words, when they
@@ -723,8 +745,37 @@ class Retriever:
         as a rerank that fails does.  ``mode`` (lexical, dense, hybrid) searches
         every knowledge base that way instead of in its own retrieval mode.
         """
+        key = self._search_key(names, query, route, top_k, mode)
+        if key is not None:
+            found = self.searches.get(key)
+            if found is not None:
+                return list(found)
         with time_limit(deadline):
-            return self._search(names, query, route, top_k, stages, deadline, mode)
+            hits = self._search(names, query, route, top_k, stages, deadline, mode)
+        if key is not None:
+            self.searches.put(key, tuple(hits))
+        return hits
+
+    def _search_key(self, names, query, route, top_k, mode):
+        """What a search's hits depend on, for the search cache; None when they depend on more.
+
+        The committed generation of every KB is in it, so a commit (here or by
+        another process: store.current reads CURRENT) is searched afresh.  A
+        reranker is a server's judgement, and a KB on Chroma answers from a
+        collection that changes without a local commit: neither is cached.
+        """
+        if self.searches.size <= 0 or (route is not None and route.rerank and self._reranker() is not None):
+            return None
+        rag = self.app.config.rag
+        generations = []
+        for name in names:
+            kb = self.kbs.get(name)
+            if kb is None or getattr(kb, "chroma", None) is not None:
+                return None
+            generation, _ = kb.current()
+            generations.append(generation.name if generation is not None else None)
+        return (tuple(names), query, top_k or rag["top_k"], mode, route.kb_merge if route else None,
+                rag["lexical_min_score"], rag["score_threshold"], tuple(generations))
 
     def _search(self, names, query, route, top_k, stages, deadline, mode):
         rag = self.app.config.rag

@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import json
 import logging
+import re
 import socket
 import urllib.error
 import urllib.request
@@ -844,3 +845,78 @@ def test_hybrid_the_query_embedding_is_the_only_extra_call_and_a_repeated_query_
     assert calls([{"role": "user", "content": "which kettle whistles"}])[1] == 1
     outcomes = [row["outcome"] for row in logged_rows(p.app, 4)][::-1]
     assert outcomes == ["retrieved"] * 4
+
+
+def test_a_question_asked_again_is_not_searched_again_until_the_kb_changes(rag_proxy, fake, data_dir):
+    """The search cache: a new chat asking an old question gets the same passage without a
+    search (no lexical stage in the metrics), and a commit since is searched afresh."""
+    client = _openai(rag_proxy)
+
+    def searches():
+        found = re.search(r'ragproxy_retrieval_seconds_count\{stage="lexical"\} (\d+)', rag_proxy.app.metrics.render())
+        return int(found.group(1)) if found else 0
+
+    chat = [{"role": "user", "content": "What does the purple elephant do?"}]
+    counts = []
+    for _ in range(2):
+        assert SECRET in _sent_turn(client, fake, chat)
+        logged_rows(rag_proxy.app, len(counts) + 1)
+        counts.append(searches())
+    (data_dir / "documents" / "docs" / "zebrafish.md").write_text(f"# Zebrafish\n\nFact: {ZEBRA}.\n")
+    rag_proxy.app.knowledge_bases.index_all()
+    assert SECRET in _sent_turn(client, fake, chat)
+    logged_rows(rag_proxy.app, 3)
+    counts.append(searches())
+    assert counts == [1, 1, 2]
+    assert [row["outcome"] for row in logged_rows(rag_proxy.app, 3)] == ["retrieved"] * 3
+
+
+class _Compression:
+    """A levers.Profile's face to retrieval: its key and its choice of ragproxy's own chunks."""
+
+    levers = ()   # the runner after retrieval has nothing to do
+
+    def __init__(self, key, pick):
+        self.key, self.pick, self.asked = key, pick, []
+
+    def own_context(self, query, hits):
+        self.asked.append((query, hits))
+        return self.pick(hits)
+
+
+def test_a_compression_profile_picks_and_orders_the_chunks_rendered(make_proxy, fake, data_dir):
+    """exchange.compression.own_context gets the screened chunks with their scores before
+    rendering; only the indices it returns are rendered, in its order; its key separates turns."""
+    (data_dir / "documents" / "docs" / "kettle.md").write_text("# Kettle care\n\nThe copper kettle is descaled monthly.\n")
+    p = make_proxy(kb_config(fake.url), data_dir=data_dir)
+    p.app.knowledge_bases.index_all()
+    profile = {"now": None}
+
+    def select(exchange):
+        exchange.compression = profile["now"]
+
+    p.app.rewriters.insert(p.app.rewriters.index(p.app.retriever), select)
+    client = _openai(p)
+    chat = [{"role": "user", "content": "the purple elephant and the copper kettle: what do they do?"}]
+    code = "descaled monthly"
+
+    def first_of(text):
+        assert SECRET in text and code in text
+        return "guide" if text.index(SECRET) < text.index(code) else "code"
+
+    plain = _sent_turn(client, fake, chat)
+    reverse = _Compression("compression:reverse", lambda hits: list(range(len(hits)))[::-1])
+    profile["now"] = reverse
+    reversed_turn = _sent_turn(client, fake, chat + TOOL_ROUND)   # a later round, but another profile
+    (query, hits), = reverse.asked
+    assert query == chat[0]["content"] and len(hits) == 2
+    assert all(isinstance(h["text"], str) and isinstance(h["score"], float) for h in hits)
+    assert hits[0]["score"] >= hits[1]["score"]
+    assert {first_of(plain), first_of(reversed_turn)} == {"guide", "code"}
+    assert _sent_turn(client, fake, chat + TOOL_ROUND) == reversed_turn and len(reverse.asked) == 1  # cached
+    guide = next(i for i, h in enumerate(hits) if SECRET in h["text"])
+    profile["now"] = _Compression("compression:one", lambda hits: [guide])
+    only = _sent_turn(client, fake, chat)
+    assert SECRET in only and code not in only
+    profile["now"] = None
+    assert _sent_turn(client, fake, chat + TOOL_ROUND) == plain   # the uncompressed turn's context, cached
