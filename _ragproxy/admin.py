@@ -33,7 +33,7 @@ import urllib.parse
 
 from . import __version__, deps
 from .api import ClientError, Response, json_bytes, json_response
-from .config import KB_NAME, ConfigError, copy_default, model_field_choices, valid_kb_name
+from .config import KB_NAME, ConfigError, copy_default, loggable_url, model_field_choices, valid_kb_name
 from .docfolder import read_manifest
 from .embeddings import EmbeddingClient, EmbeddingError, RerankClient, RerankError
 from .files import remove_leftover_dirs
@@ -246,6 +246,8 @@ _ADMIN_ROUTES = (
     _AdminRoute("GET", "logs", "list_logs", "The request log, newest first, filtered"),
     _AdminRoute("GET", "logs/{id}", "get_log", "One logged request and the chunks it injected"),
     _AdminRoute("GET", "stats", "stats", "Volume, hit rate, latency, hourly trend, per model and per KB"),
+    _AdminRoute("GET", "compression", "compression",
+                "Compression profiles and their levers, each model's choice, the session state, lever counters"),
     _AdminRoute("GET", "settings", "get_settings", "config.yaml as text, its keys masked"),
     _AdminRoute("PUT", "settings", "put_settings",
                 "Replace config.yaml (validated first; previous file kept; masked keys keep the stored ones)"),
@@ -1032,6 +1034,19 @@ class Admin:
                 found[chunk.get("id")] = {"id": chunk.get("id"), "kb": name, "source": chunk.get("source"),
                                           "text": chunk.get("text", "")}
         return [found.get(cid, {"id": cid, "kb": None, "source": None, "text": None}) for cid in wanted]
+
+    def compression(self, request):
+        config = self.app.config
+        section = config.raw["compression"]
+        state = dict(section["state"])
+        # The Redis URL may carry a password: the admin API shows its address only.
+        state["redis_url"] = loggable_url(state["redis_url"]) if state["redis_url"] else ""
+        profiles = [{"name": "on", "levers": section["levers"]}] + [
+            {"name": name, "levers": spec["levers"]} for name, spec in section["profiles"].items()]
+        models = [{"name": r.name, "compression": r.compression, "context_window": r.context_window}
+                  for r in config.models]
+        return json_response(200, {"profiles": profiles, "models": models, "state": state,
+                                   **self.app.metrics.compression_counts()})
 
     def stats(self, request):
         hours = _int_param(_query_params(request), "hours", 24, 1, 24 * 90)

@@ -366,6 +366,19 @@ class Metrics:
             if outcome == "applied" and before > after:
                 saved.inc(before - after, lever=lever)
 
+    def compression_counts(self):
+        """What the compression families hold: ``{"levers": [{lever, outcome, reason, count}], "tokens_saved":
+        {lever: tokens}}`` (the panel's Compression card)."""
+        runs, saved = self._families["ragproxy_compression_lever_total"], \
+            self._families["ragproxy_compression_tokens_saved_total"]
+        with runs._lock:
+            series = sorted(runs._series.items())
+        with saved._lock:
+            tokens = dict(saved._series)
+        return {"levers": [{"lever": lever, "outcome": outcome, "reason": reason, "count": int(n)}
+                           for (lever, outcome, reason), n in series],
+                "tokens_saved": {lever: int(n) for (lever,), n in sorted(tokens.items())}}
+
     def observe_tool_call(self, tool, outcome, seconds):
         """Count one MCP tool call; ``tool`` and ``outcome`` must be from MCP_TOOLS and MCP_OUTCOMES."""
         if tool not in MCP_TOOLS or outcome not in MCP_OUTCOMES:

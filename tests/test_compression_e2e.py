@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import API_KEY, logged_rows
+from conftest import API_KEY, logged_rows, proxy_config
 
 from _ragproxy import marked, summary
 
@@ -241,3 +241,23 @@ def test_an_agent_loop_with_summary_buffer_and_window_fit_keeps_its_prefix_betwe
     made = [m for listed in lists for m in listed if str(m.get("content")).startswith(summary.SUMMARY_HEADER)]
     assert made and all(m == made[0] for m in made)   # (window_fit drops it with the oldest history once it cuts)
     assert set(breaks) <= set(fitted) and 1 <= len(breaks) <= 3, (breaks, fitted)
+
+
+def test_the_admin_api_serves_the_compression_view_with_the_redis_password_masked(make_admin_proxy, fake):
+    extra = COMPRESSION + '  state: {backend: redis, redis_url: "redis://:hunter2-secret@cache.internal:6379/0"}\n'
+    compressed = make_admin_proxy(proxy_config(fake.url, extra=extra))
+    status, _, view = compressed.admin().get("/admin/api/compression")
+    assert status == 200
+    assert [p["name"] for p in view["profiles"]] == ["on", "top2", "nothing"]
+    assert {m["name"]: m["compression"] for m in view["models"]}["claude-squeeze"] == "top2"
+    assert view["state"]["backend"] == "redis" and "hunter2" not in json.dumps(view)
+    assert "cache.internal:6379" in view["state"]["redis_url"]
+    assert view["levers"] == [] and view["tokens_saved"] == {}
+    import openai
+    client = openai.OpenAI(base_url=compressed.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
+    client.chat.completions.create(model="squeeze", messages=[{"role": "user", "content": block()}])
+    logged_rows(compressed.app, 1)
+    _, _, view = compressed.admin().get("/admin/api/compression")
+    assert {(r["lever"], r["reason"]): r["count"] for r in view["levers"]} == {
+        ("rag_select", "applied"): 1, ("position_reorder", "already_ordered"): 1}
+    assert view["tokens_saved"]["rag_select"] > 0
