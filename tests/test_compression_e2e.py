@@ -261,3 +261,24 @@ def test_the_admin_api_serves_the_compression_view_with_the_redis_password_maske
     assert {(r["lever"], r["reason"]): r["count"] for r in view["levers"]} == {
         ("rag_select", "applied"): 1, ("position_reorder", "already_ordered"): 1}
     assert view["tokens_saved"]["rag_select"] > 0
+
+
+def test_ragproxys_own_chunks_go_through_the_profile_rag_select_keeping_the_best(make_proxy, fake, tmp_path):
+    docs = tmp_path / "documents" / "notes"
+    docs.mkdir(parents=True)
+    (docs / "deploy.md").write_text("# Deploys\n\nThe deploy key rotates weekly; the deploy pipeline checks it.\n")
+    (docs / "kettle.md").write_text("# Kettle\n\nThe copper kettle is descaled monthly; the deploy team owns it.\n")
+    extra = ("  - {name: kb-squeeze, upstream: oa, kb: notes, compression: top1}\n"
+             "  - {name: kb-plain, upstream: oa, kb: notes}\n"
+             "compression:\n  profiles:\n    top1:\n      levers: [{name: rag_select, max_chunks: 1}]\n")
+    proxy = make_proxy(data_dir=tmp_path, extra=extra)
+    proxy.app.knowledge_bases.index_all()
+    import openai
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
+    question = [{"role": "user", "content": "how often does the deploy key rotate in the deploy pipeline?"}]
+    client.chat.completions.create(model="kb-plain", messages=question)
+    plain = fake.last.body.decode()
+    assert "rotates weekly" in plain and "descaled monthly" in plain
+    client.chat.completions.create(model="kb-squeeze", messages=question)
+    squeezed = fake.last.body.decode()
+    assert "rotates weekly" in squeezed and "descaled monthly" not in squeezed
