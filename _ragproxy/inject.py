@@ -271,7 +271,7 @@ def turn_key(endpoint, payload, raw=None):
 
     ``raw(key, upto)``, when given, answers with the client's own text of
     entries 0 to ``upto`` of ``payload[key]`` (``upto`` None: the whole value),
-    ``cache_control`` members cut out, or None when it cannot tell
+    ``cache_control`` members cut out, as str or as its UTF-8 bytes, or None when it cannot tell
     (jsonbody.raw_entries).  The key is then the hash of that text: a client
     sends the same turn as the same bytes round after round, and hashing them
     costs a tenth of encoding the entries again with sorted keys.  Any byte
@@ -292,8 +292,9 @@ def turn_key(endpoint, payload, raw=None):
         prefix, upto = seq[:i + 1], i
     text = raw(fmt.turns, upto) if raw is not None else None
     if text is not None:   # "raw" keeps these keys apart from the encoded ones
-        return hashlib.sha256(endpoint.encode("utf-8") + b"\nraw\n" +
-                              text.encode("utf-8", "surrogatepass")).hexdigest()
+        digest = hashlib.sha256(endpoint.encode("utf-8") + b"\nraw\n")
+        digest.update(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
     digest = hashlib.sha256(endpoint.encode("utf-8"))
     for entry in prefix:  # one entry at a time: only the few with cache_control get copied
         blob = _turn_json(entry)

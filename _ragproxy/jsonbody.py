@@ -180,6 +180,8 @@ class Members:
         if found == ():   # not found yet (json_object_with_members passes what it found)
             found = _json_members(self.text, _JSON_SPACE.match(self.text).end(), self.expand)
         self.spans, self.close = found if found is not None else (None, None)
+        # An ASCII body's text indices are its byte offsets: slices of it need no encoding.
+        self.ascii = len(self.text) == len(body)
 
 
 def json_object_with_members(body, expand=()):
@@ -209,7 +211,7 @@ def json_object_with_members(body, expand=()):
     return json_object_of(body), None
 
 
-def raw_entries(members, key, upto=None, leave_out=None):
+def raw_entries(members, key, upto=None, leave_out=None, utf8=False):
     """The body's own text of entries 0 to ``upto`` of the top-level array ``key``, from
     the first's start to the last's end (``upto`` None: the whole value of ``key``).
 
@@ -217,7 +219,16 @@ def raw_entries(members, key, upto=None, leave_out=None):
     comma, so the text is what the client's encoder would have written without
     it.  None when the text cannot be told: a body that repeats a key, ``key``
     missing, not an array whose entries were found, or ``upto`` past its end.
+    ``utf8``: the text encoded as UTF-8 (surrogates passed), which for an
+    ASCII body is cut from the body's bytes without decoding or encoding.
     """
+    text = _raw_entries(members, key, upto, leave_out, utf8 and members.ascii)
+    if utf8 and isinstance(text, str):
+        return text.encode("utf-8", "surrogatepass")
+    return text
+
+
+def _raw_entries(members, key, upto, leave_out, from_body):
     if members.spans is None or key not in members.spans:
         return None
     span = members.spans[key]
@@ -227,19 +238,21 @@ def raw_entries(members, key, upto=None, leave_out=None):
             return None
         start, end = span[2][0][0], span[2][upto][1]
     text = members.text
+    source = members.body if from_body else text
     if leave_out is None or text.find('"%s"' % leave_out, start, end) < 0:
-        return text[start:end]
-    return _without_members(text, start, end, leave_out)
+        return source[start:end]
+    return _without_members(text, start, end, leave_out, source)
 
 
-def _without_members(text, start, end, name):
+def _without_members(text, start, end, name, source=None):
     """``text[start:end]`` without the members named ``name``.
 
     An unescaped ``"name"`` followed by a colon is that key: a quote inside a
     JSON string is always escaped, and valid JSON puts no quote right after a
     string's closing one, so such a quote opens a string, and one followed by
-    a colon is a key.
+    a colon is a key.  ``source``, the same text as bytes (an ASCII body), gives the pieces.
     """
+    source = text if source is None else source
     space = _JSON_SPACE.match
     quoted = '"%s"' % name
     pieces, pos, at = [], start, start - 1
@@ -267,10 +280,10 @@ def _without_members(text, start, end, name):
                 cut_from, cut_to = before - 1, value_end
             else:
                 cut_from, cut_to = before, after
-        pieces.append(text[pos:cut_from])
+        pieces.append(source[pos:cut_from])
         pos = cut_to
-    pieces.append(text[pos:end])
-    return "".join(pieces)
+    pieces.append(source[pos:end])
+    return source[:0].join(pieces)
 
 
 def with_edits(body, payload, paths, members=None):
@@ -322,10 +335,23 @@ def _with_edits(body, payload, paths, members=None):
             start, end = entries[path[1]]
             value = value[path[1]]
         edits.append((start, end, json_text(value)))
+    edits.sort(key=lambda edit: edit[0])
+    if any(start < end for (_, end, _), (start, _, _) in zip(edits, edits[1:])):
+        return None   # a whole value and an entry of it both named: nothing to gain
+    if members.ascii:   # the body's own bytes between the edits, as they came
+        try:
+            news = [new.encode("utf-8") for _, _, new in edits]
+        except UnicodeEncodeError:
+            news = None
+        if news is not None:
+            pieces, pos = [], 0
+            for (start, end, _), new in zip(edits, news):
+                pieces += (body[pos:start], new)
+                pos = end
+            pieces.append(body[pos:])
+            return b"".join(pieces)
     pieces, pos = [], 0
-    for start, end, new in sorted(edits, key=lambda edit: edit[0]):
-        if start < pos:  # a whole value and an entry of it both named: nothing to gain
-            return None
+    for start, end, new in edits:
         pieces += (text[pos:start], new)
         pos = end
     pieces.append(text[pos:])

@@ -645,7 +645,7 @@ class Retriever:
             members, body = exchange.members, exchange.request.body
             if members is None or members.body is not body or key not in members.expand:
                 members = exchange.members = Members(body, (key,))
-            return raw_entries(members, key, upto, leave_out="cache_control")
+            return raw_entries(members, key, upto, leave_out="cache_control", utf8=True)
         return raw if isinstance(exchange.request.body, bytes) and exchange.request.body else None
 
     def _fit(self, found, limit, own_tokens, question, screen):

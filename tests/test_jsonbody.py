@@ -197,3 +197,21 @@ def test_leading_model_reads_a_first_model_key_only():
     assert jsonbody.leading_model(b'{"model": 5}') is None
     assert jsonbody.leading_model(b'{"model": "bad \\x escape"}') is None
     assert jsonbody.leading_model(b'') is None
+
+
+@pytest.mark.parametrize("word", ["plain", "caf\u00e9 \u6f22", "\\ud800 lone"])
+def test_raw_entries_as_utf8_are_the_texts_bytes_and_a_splice_is_the_same_either_way(word):
+    """An ASCII body's entries are cut from its bytes; any other's text is encoded: the same bytes."""
+    body = ('{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "%s", '
+            '"cache_control": {"type": "ephemeral"}}]}, {"role": "assistant", "content": "ok"}, '
+            '{"role": "user", "content": "next"}]}' % word).encode("utf-8")
+    payload, members = jsonbody.json_object_with_members(body, ("messages",))
+    for upto in (0, 1, None):
+        text = jsonbody.raw_entries(members, "messages", upto, leave_out="cache_control")
+        assert "cache_control" not in text
+        assert jsonbody.raw_entries(members, "messages", upto, leave_out="cache_control", utf8=True) == \
+            text.encode("utf-8", "surrogatepass")
+    payload["messages"][2]["content"] = "context \u00e9\n\nnext"
+    spliced = jsonbody.with_edits(body, payload, (("messages", 2),), members)
+    assert json.loads(spliced) == payload
+    assert spliced.startswith(body[:body.index(b'{"role": "user", "content": "next"}')])
