@@ -165,3 +165,50 @@ def test_a_redis_url_that_is_refused_is_never_quoted():
     assert found[0][0] == "compression.state.redis_url" and "hunter2" not in found[0][2]
     c = config('compression:\n  state: {backend: redis, redis_url: "redis://:hunter2@cache:6379/0"}\n')
     assert c.raw["compression"]["state"]["redis_url"] == "redis://:hunter2@cache:6379/0"
+
+
+# -- the runner's session state -------------------------------------------------
+
+def test_the_session_state_opens_once_per_spec_reopens_on_a_change_and_closes_with_the_app(tmp_path):
+    from _ragproxy.proxy import App
+    app = App(config(), data_dir=str(tmp_path))
+    first = app.compression.state()
+    assert first is not None and app.compression.state() is first
+    assert (tmp_path / "compression-state.sqlite3").exists()
+    app.reload(config("compression:\n  state: {path: %s}\n" % (tmp_path / "other.sqlite3")))
+    second = app.compression.state()
+    assert second is not first and (tmp_path / "other.sqlite3").exists()
+    app.close()
+    third = app.compression.state()   # closing dropped it: asked again, it is opened anew
+    assert third is not second
+    third.close()
+
+
+def test_state_that_cannot_open_is_none_and_logged_without_the_url(tmp_path, caplog):
+    from _ragproxy.proxy import App
+    app = App(config("compression:\n  state: {path: %s}\n" % tmp_path), data_dir=str(tmp_path))   # a directory
+    try:
+        assert app.compression.state() is None
+        assert "compression state (sqlite) unavailable" in caplog.text
+    finally:
+        app.close()
+
+
+def test_a_lever_that_raises_is_recorded_and_the_list_is_left_as_it_was(tmp_path, caplog):
+    import dataclasses
+
+    from _ragproxy.api import ENDPOINTS, Request
+    from _ragproxy.proxy import App, Exchange
+    app = App(config("compression:\n  levers: [{name: rag_select, max_chunks: 1}, window_fit]\n"))
+    messages = [{"role": "user", "content": "hi"}]
+    route = dataclasses.replace(app.config.models[0], context_window=-5)   # window_fit refuses it: ValueError
+    exchange = Exchange(Request("POST", "/v1/chat/completions", headers={"x-compression": "on"}),
+                        ENDPOINTS[("POST", "/v1/chat/completions")], {"model": "m", "messages": messages},
+                        route, app.config.providers["llm"]["local"], "m")
+    for rewrite in app.rewriters:
+        rewrite(exchange)
+    app.close()
+    assert exchange.payload["messages"] is messages and not exchange.edits
+    assert [(o.lever, o.reason) for o in exchange.compression_outcomes] == [
+        ("rag_select", "no_marked_context"), ("window_fit", levers.ERROR_REASON)]
+    assert "compression lever window_fit failed" in caplog.text
