@@ -2,9 +2,9 @@
 
 A long conversation outgrows a local model's window (a 32k-token model, 20k
 tokens of tool definitions, a history that grows every tool round); the
-upstream then refuses the request or, as Ollama does, silently cuts its
-start.  window_fit drops the oldest history first, in whole pieces, so the
-request fits the budget
+upstream then refuses the request or, as Ollama does, silently truncates
+it to its num_ctx.  window_fit drops the oldest history first, in whole
+pieces, so the request fits the budget
 
     (input_budget_tokens, else window - completion_reserve_tokens) - fixed_tokens
 
@@ -16,7 +16,8 @@ items with those roles at the start of the list), the current turn (the
 newest user message a person wrote and everything after it) and a
 contiguous run of the newest history before it.  What goes: the oldest
 history between the two, cut at the start of a protocol unit that begins
-with a user message.  A protocol unit is never split:
+with a user message (at any unit when a chat or Responses history has no
+user message at all).  A protocol unit is never split:
 
 * chat, ollama_chat: a message with every role=tool (or legacy
   role=function) message after it, so an assistant message with tool_calls
