@@ -73,7 +73,7 @@ TESTS = os.path.join(ROOT, "tests")
 RAGPROXY = os.path.join(ROOT, "ragproxy.py")
 EVAL_DIR = os.path.join(os.path.dirname(ROOT), "shared", "eval")
 sys.path.insert(0, HERE)
-from request_body import agent_loop_body  # noqa: E402
+from request_body import AGENT_PROMPT, agent_loop_body  # noqa: E402
 
 API_KEY = "bench-client-key-0001"
 # The upstream replaces this word with its clock (time.time_ns(), 19 digits)
@@ -624,9 +624,9 @@ class Side:
     whether it gets the tool-round body, which peer's headers it needs, and whether it is a
     ragproxy (whose /metrics say what retrieval did)."""
 
-    def __init__(self, label, child=None, tool_round=False, peer=None, ragproxy=False):
+    def __init__(self, label, child=None, tool_round=False, peer=None, ragproxy=False, fresh=False):
         self.label, self.child, self.tool_round, self.peer = label, child, tool_round, peer
-        self.ragproxy = ragproxy
+        self.ragproxy, self.fresh = ragproxy, fresh
 
 
 _REQUESTS_TOTAL = re.compile(r'^ragproxy_requests_total\{[^}]*outcome="([^"]*)"[^}]*\} ([0-9.e+]+)$', re.M)
@@ -658,12 +658,38 @@ def retrieval_outcomes(port):
 CLAUDE_MODEL = "claude-sonnet-4-5"
 
 
-def request_bytes(port, stream, prompt_bytes, model, tool_round=False, auth=None):
+# In the fresh side's question: a counter the load generator writes in before each send,
+# so every request asks a question not asked before (a new turn, a new search).
+FRESH_SLOT = b"0000000000"
+
+
+class Fresh:
+    """A request whose question is new every time: ``payload()`` gives the next bytes.
+
+    The counter has a fixed width, so the Content-Length stays right.  Not one
+    search or turn cache hit: what a KB search costs each first request of a
+    human turn, where rag-<kb> (the same question every time) meets the search cache.
+    """
+
+    def __init__(self, data):
+        self.at = data.rindex(FRESH_SLOT)
+        self.data, self.count = data, 0
+
+    def __call__(self):
+        self.count += 1
+        return b"%s%010d%s" % (self.data[:self.at], self.count, self.data[self.at + len(FRESH_SLOT):])
+
+
+def request_bytes(port, stream, prompt_bytes, model, tool_round=False, auth=None, fresh=False):
     """A chat completions request; ``tool_round`` adds a tool call and its result after the user turn
-    (the next round of the same turn); ``auth`` is the header lines that authorise it."""
+    (the next round of the same turn); ``auth`` is the header lines that authorise it; ``fresh``:
+    a Fresh, whose question changes with each request."""
     words = ("please refactor this function and explain the change " * (prompt_bytes // 50 + 1))
+    ask = words[:prompt_bytes]
+    if fresh:
+        ask = ask[:max(0, prompt_bytes - len(FRESH_SLOT) - 1)] + " " + FRESH_SLOT.decode()
     messages = [{"role": "system", "content": "You are a coding assistant."},
-                {"role": "user", "content": words[:prompt_bytes]}]
+                {"role": "user", "content": ask}]
     if tool_round:
         messages += [{"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_bench_0001", "type": "function",
@@ -676,17 +702,20 @@ def request_bytes(port, stream, prompt_bytes, model, tool_round=False, auth=None
             + "Content-Type: application/json\r\n"
             f"Accept: {'text/event-stream' if stream else 'application/json'}\r\n"
             f"User-Agent: ragproxy-bench/1\r\nContent-Length: {len(body)}\r\n\r\n").encode()
-    return head + body
+    return Fresh(head + body) if fresh else head + body
 
 
 _AGENT_BODIES = {}
 
 
-def messages_bytes(port, size, tool_round=False, auth=None, stream=False):
-    """A Claude Code /v1/messages request of about ``size`` bytes (request_body.agent_loop_body)."""
-    key = (size, tool_round, stream)
+def messages_bytes(port, size, tool_round=False, auth=None, stream=False, fresh=False):
+    """A Claude Code /v1/messages request of about ``size`` bytes (request_body.agent_loop_body);
+    ``fresh``: a Fresh whose question changes with each request."""
+    key = (size, tool_round, stream, fresh)
     if key not in _AGENT_BODIES:
-        _AGENT_BODIES[key] = agent_loop_body(size, tool_round=tool_round, model=CLAUDE_MODEL, stream=stream)
+        prompt = AGENT_PROMPT + (" (question " + FRESH_SLOT.decode() + ")" if fresh else "")
+        _AGENT_BODIES[key] = agent_loop_body(size, tool_round=tool_round, model=CLAUDE_MODEL, stream=stream,
+                                             prompt=prompt)
     body = _AGENT_BODIES[key]
     head = (f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
             + "".join(line + "\r\n" for line in (auth or [f"Authorization: Bearer {API_KEY}"]))
@@ -694,7 +723,7 @@ def messages_bytes(port, size, tool_round=False, auth=None, stream=False):
             "anthropic-version: 2023-06-01\r\nanthropic-beta: claude-code-20250219,interleaved-thinking-2025-05-14\r\n"
             "x-app: cli\r\nUser-Agent: claude-cli/2.1.197 (external, cli)\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
-    return head + body
+    return Fresh(head + body) if fresh else head + body
 
 
 class _Conn:
@@ -787,9 +816,10 @@ def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps,
     measure_from = start + warmup
     stop_at = measure_from + (seconds if max_requests is None else 600.0)
     measuring, cpu0 = False, {}
+    next_payload = payload if callable(payload) else None   # a Fresh: new bytes per request
     for conn in conns:
         conn.sent_at = clock()
-        conn.sock.sendall(payload)
+        conn.sock.sendall(next_payload() if next_payload else payload)
     active = len(conns)
     last_event = clock()
     while active:
@@ -831,8 +861,9 @@ def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps,
                 conn.sock.close()
                 active -= 1
             else:
+                data = next_payload() if next_payload else payload
                 conn.sent_at = clock()
-                conn.sock.sendall(payload)
+                conn.sock.sendall(data)
     elapsed = clock() - measure_from
     cpu = {name: _delta(_cpu_seconds(pid), cpu0.get(name)) for name, pid in watch_pids.items()}
     cpu["loadgen"] = time.process_time() - cpu0.get("loadgen", 0.0)
@@ -870,16 +901,18 @@ DEFAULT_SCENARIOS = ("chat", "claude")
 # relay, floor: yardsticks; ragproxy: the pass-through model; rag-<kb>: the
 # retrieval model over that KB (KB_SPECS); cached: the tool round of the same
 # turn against the largest KB asked for; litellm, portkey: the peers.
-SIDES = ("relay", "floor", "ragproxy", "rag-scifact", "rag-80k", "cached", "litellm", "portkey")
-DEFAULT_SIDES = ("relay", "ragproxy", "rag-scifact", "rag-80k", "cached", "litellm", "portkey")
+# fresh: the claude body against that same KB with a new question in every request
+# (no search or turn cache can answer it; rag-<kb> asks one question again and again).
+SIDES = ("relay", "floor", "ragproxy", "rag-scifact", "rag-80k", "cached", "fresh", "litellm", "portkey")
+DEFAULT_SIDES = ("relay", "ragproxy", "rag-scifact", "rag-80k", "cached", "fresh", "litellm", "portkey")
 
 
 def side_payload(side, name, opts, upstream_port, model, stream):
     port = side.child.port if side.child is not None else upstream_port
     auth = peer_headers(side.peer, name, upstream_port)
     if name == "claude":
-        return messages_bytes(port, opts.body_bytes, side.tool_round, auth, stream)
-    return request_bytes(port, stream, opts.prompt_bytes, model, side.tool_round, auth)
+        return messages_bytes(port, opts.body_bytes, side.tool_round, auth, stream, side.fresh)
+    return request_bytes(port, stream, opts.prompt_bytes, model, side.tool_round, auth, side.fresh)
 
 
 def run_scenario(name, targets, clients, opts, upstream):
@@ -1360,11 +1393,12 @@ def main(argv=None):
             if "ragproxy" in opts.side_set:
                 targets.append(Side(f"compare-{i}", proxy(path, f"compare-{i}", modes[0]), ragproxy=True))
         kbs = [name for name in KB_SPECS if f"rag-{name}" in opts.side_set]
-        cached_kb = (kbs or ["80k"])[-1] if "cached" in opts.side_set else None
+        cached_kb = (kbs or ["80k"])[-1] if {"cached", "fresh"} & set(opts.side_set) else None
         for prefix, script in scripts:
             for name in kbs + ([cached_kb] if cached_kb and cached_kb not in kbs else []):
                 labels = ([f"{prefix}rag-{name}"] if name in kbs else []) + (
-                    [f"{prefix}cached-{name}"] if name == cached_kb else [])
+                    [f"{prefix}{side}-{name}" for side in ("cached", "fresh") if side in opts.side_set]
+                    if name == cached_kb else [])
                 try:
                     data_dir, section, facts = prepare_kb(name, opts, script, workdir)
                 except Absent as exc:
@@ -1372,8 +1406,8 @@ def main(argv=None):
                     continue
                 kb_facts[name] = facts
                 child = proxy(script, labels[0], modes[0], (data_dir, section))
-                targets += [Side(label, child, tool_round=label.startswith(f"{prefix}cached-"), ragproxy=True)
-                            for label in labels]
+                targets += [Side(label, child, tool_round=label.startswith(f"{prefix}cached-"), ragproxy=True,
+                                 fresh=label.startswith(f"{prefix}fresh-")) for label in labels]
         for name in ("litellm", "portkey"):
             if name not in opts.side_set:
                 continue

@@ -273,18 +273,31 @@ def test_proxy_overhead_runs_every_side_with_a_compare_copy():
     assert "compare-1: " + ragproxy.__file__ in proc.stdout
 
 
+def test_proxy_overhead_fresh_asks_a_new_question_in_every_request_of_one_length():
+    import proxy_overhead
+    for fresh in (proxy_overhead.messages_bytes(9, 20000, fresh=True),
+                  proxy_overhead.request_bytes(9, False, 300, "m", fresh=True)):
+        sent = [fresh() for _ in range(3)]
+        assert len(set(sent)) == 3 and len({len(s) for s in sent}) == 1
+        head, body = sent[0].split(b"\r\n\r\n", 1)
+        assert b"Content-Length: %d\r\n" % len(body) in head + b"\r\n"
+        assert json.loads(body) and b"0000000001" in body
+
+
 def test_proxy_overhead_runs_the_large_body_the_retrieval_model_and_says_which_peers_are_absent(tmp_path):
     # A small KB (the first 40 SciFact abstracts) in a cache of the test's own, where no peer is installed.
     proc = run_script("proxy_overhead.py", "--scenarios", "chat,claude", "--clients", "1,2", "--requests", "10",
                       "--rounds", "1", "--warmup", "0", "--json", "--kb-docs", "40", "--cache-dir", str(tmp_path),
-                      "--sides", "ragproxy,rag-scifact,cached,litellm,portkey")
+                      "--sides", "ragproxy,rag-scifact,cached,fresh,litellm,portkey")
     assert proc.returncode == 0, proc.stderr
     (report,) = last_json(proc.stdout)
     rows = {(r["scenario"], r["clients"], r["path"]): r for r in report["results"]}
-    assert {path for _, _, path in rows} == {"direct", "ragproxy", "rag-scifact", "cached-scifact"}
+    assert {path for _, _, path in rows} == {"direct", "ragproxy", "rag-scifact", "cached-scifact", "fresh-scifact"}
     for scenario in ("chat", "claude"):
         for clients in (1, 2):
-            for path in ("ragproxy", "rag-scifact", "cached-scifact"):
+            fresh = rows[(scenario, clients, "fresh-scifact")]   # a new question each time: never a cached turn
+            assert fresh["injected"] == fresh["requests"] and set(fresh["outcomes"]) == {"retrieved"}
+            for path in ("ragproxy", "rag-scifact", "cached-scifact", "fresh-scifact"):
                 row = rows[(scenario, clients, path)]
                 assert row["errors"] == 0 and row["requests"] >= 10 and "added_p99_ms" in row
             # The retrieval sides put context into every request; pass-through into none.
