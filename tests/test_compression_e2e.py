@@ -110,13 +110,16 @@ def test_ollama_chat_native_and_a_responses_input_list(proxy, fake):
     client.chat(model="llama3.1", messages=[{"role": "user", "content": content}])
     assert fake.last.path == "/api/chat"
     assert chunk_ids(fake.last.json["messages"][0]["content"]) == ["c1", "c2"]
+    client.chat(model="squeeze", messages=[{"role": "user", "content": content}])   # translated for an OpenAI upstream
+    assert fake.last.path == "/v1/chat/completions" and "x-compression" not in fake.last.headers
+    assert chunk_ids(fake.last.json["messages"][0]["content"]) == ["c1", "c2"]
     oa = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10)
     oa.responses.create(model="gpt-4o", input=[{"role": "user", "content": content}],
                         extra_headers={"X-Compression": "top2"})
     assert chunk_ids(fake.last.json["input"][0]["content"]) == ["c1", "c2"]
     oa.responses.create(model="gpt-4o", input=content, extra_headers={"X-Compression": "top2"})
     assert fake.last.json["input"] == content   # a string input is not eligible
-    row = logged_rows(proxy.app, 3)[0]
+    row = logged_rows(proxy.app, 4)[0]
     assert [(lv["lever"], lv["reason"]) for lv in row["levers"]] == [("rag_select", "not_eligible")]
 
 
