@@ -266,9 +266,11 @@ def check_fit(original, result, api, budget=None, tokens=None):
     problems = []
     p = prefix_length(original)
     start = len(original) - (len(result) - p)
-    if start < p or any(a is not b for a, b in zip(result[:p], original[:p])) or \
+    if len(result) < p or start < p or any(a is not b for a, b in zip(result[:p], original[:p])) or \
             any(a is not b for a, b in zip(result[p:], original[start:])):
         return ["not the prefix plus a newest suffix"]
+    if start == len(original) > p:
+        return ["nothing after the prefix is kept"]
     if start > p and _get(original[start], "role") != "user":
         problems.append("the cut lands on %r, not a user message" % (_get(original[start], "role"),))
     turn = human_turn_start(original, api)

@@ -352,3 +352,42 @@ def test_bad_shapes_never_raise(api):
         assert isinstance(out, list) and (out is messages or o.applied)
         if o.applied:
             assert out[-1] is messages[-1] and tokens(out) <= o.tokens_after + 0 and o.tokens_after < o.tokens_before
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_the_checker_catches_what_it_must(api):
+    """The property tests are only as good as bench.check_fit: it finds a split unit, a lost turn, a gap."""
+    rng = random.Random("checker-" + api)
+    messages, _ = bench.transcript(rng, api, 30, result_words=(5, 20))
+    p = bench.prefix_length(messages)
+    users = [i for i in range(p + 1, len(messages)) if bench.human_turn_start(messages[:i + 1], api) == i]
+    cut = users[1]
+    assert bench.check_fit(messages, messages[:p] + messages[cut:], api) == []
+    # Start one message later: a cut inside a unit, or on a non-user message.
+    assert bench.check_fit(messages, messages[:p] + messages[cut + 1:], api) != []
+    # A gap: not a newest suffix.
+    assert bench.check_fit(messages, messages[:p] + messages[cut:-3] + messages[-2:], api) != []
+    # The current turn lost.
+    assert bench.check_fit(messages, messages[:p] + messages[users[-1] + 1:], api) != []
+    calls = [i for i, m in enumerate(messages) if m.get("tool_calls") or m.get("type") == "function_call"
+             or any(isinstance(b, dict) and b.get("type") == "tool_use" for b in (m.get("content") or [])
+                    if isinstance(m.get("content"), list))]
+    assert calls
+    # A call whose results are gone (the list rebuilt without the message after it).
+    i = calls[-1]
+    broken = messages[:i + 1] + messages[i + 2:]
+    assert bench.check_fit(broken, broken, api) != []
+    assert bench.check_fit(messages, messages[:p], api) != []
+    assert bench.check_fit(messages, messages, api, budget=10, tokens=11) != []
+
+
+def test_responses_custom_tool_calls_keep_their_outputs():
+    messages = [{"role": "user", "content": w(40)},
+                {"type": "custom_tool_call", "call_id": "x1", "name": "apply_patch", "input": w(30)},
+                {"type": "custom_tool_call_output", "call_id": "x1", "output": w(30)},
+                {"role": "user", "content": w(40)},
+                {"type": "custom_tool_call", "call_id": "x2", "name": "apply_patch", "input": w(30)},
+                {"type": "custom_tool_call_output", "call_id": "x2", "output": w(30)}]
+    assert [a for a, _ in window.units(messages, "responses")] == [0, 1, 3, 4]
+    out, o = fit(messages, "responses", 120)
+    assert o.applied and indexes(messages, out) == [3, 4, 5]
