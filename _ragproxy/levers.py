@@ -157,9 +157,8 @@ class Selector:
             raise ClientError(400, "X-Compression: no such profile (declared: on, off%s)"
                               % "".join(", " + n for n in self.profiles() if n != "on"),
                               "invalid_compression_header")
-        if choice == "off" or exchange.endpoint.name not in API_OF_ENDPOINT:
-            return
-        exchange.compression = self.profiles().get(choice)
+        if choice != "off":   # also where only retrieval uses it (/api/generate): its own chunks' selection
+            exchange.compression = self.profiles().get(choice)
 
 
 class Runner:
@@ -196,7 +195,7 @@ class Runner:
 
     def __call__(self, exchange):
         profile = getattr(exchange, "compression", None)
-        if profile is None or not profile.levers:
+        if profile is None or not profile.levers or exchange.endpoint.name not in API_OF_ENDPOINT:
             return
         api = API_OF_ENDPOINT[exchange.endpoint.name]
         field = _FIELD_OF_API[api]
