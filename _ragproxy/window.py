@@ -13,7 +13,7 @@ where ``fixed_tokens`` is what the caller counted outside the message list
 
 What stays: the leading system/developer prefix (messages or Responses
 items with those roles at the start of the list), the current turn (the
-newest user message a person wrote and everything after it) and a
+newest user message with text in it, and everything after it) and a
 contiguous run of the newest history before it.  What goes: the oldest
 history between the two, cut at the start of a protocol unit that begins
 with a user message (at any unit when a chat or Responses history has no
@@ -272,9 +272,24 @@ def _continues(messages, i, api):
     return before == "reasoning" and _role(message) == "assistant"
 
 
+def _has_text(content):
+    if isinstance(content, str):
+        return bool(content.strip())
+    if not isinstance(content, list):
+        return False
+    return any((isinstance(p, str) and p.strip()) or
+               (isinstance(p, dict) and p.get("type") in _TEXT_PARTS and isinstance(p.get("text"), str)
+                and p["text"].strip()) for p in content)
+
+
 def _is_user_start(message, api):
-    """A unit that starts with this message may lead the kept history: a user message a person wrote."""
-    if _role(message) != "user":
+    """A unit that starts with this message may lead the kept history: a user message with text in it.
+
+    Not one holding only images: Codex hands a view_image result back that
+    way in the middle of an agent loop, and a cut there would drop the
+    loop's instruction.
+    """
+    if _role(message) != "user" or not _has_text(message.get("content")):
         return False
     if api == "responses":
         return _type(message) in (None, "message")

@@ -190,13 +190,18 @@ def _blocks(m, kind):
 
 
 def human_turn_start(messages, api):
-    """Index of the newest message a person wrote (None when there is none)."""
+    """Index of the newest user message with text in it (None when there is none)."""
     for i in range(len(messages) - 1, -1, -1):
         m = messages[i]
         if _get(m, "role") != "user":
             continue
         if api == "messages" and _blocks(m, "tool_result"):
             continue
+        content = _get(m, "content")
+        if not (isinstance(content, str) and content.strip()) and not any(
+                isinstance(b, dict) and isinstance(b.get("text"), str) and b["text"].strip()
+                for b in (content if isinstance(content, list) else [])):
+            continue        # images only: not a person's message
         if api == "responses" and _get(m, "type") not in (None, "message"):
             continue
         return i

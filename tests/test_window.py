@@ -391,3 +391,20 @@ def test_responses_custom_tool_calls_keep_their_outputs():
     assert [a for a, _ in window.units(messages, "responses")] == [0, 1, 3, 4]
     out, o = fit(messages, "responses", 120)
     assert o.applied and indexes(messages, out) == [3, 4, 5]
+
+
+def test_an_image_only_user_message_mid_loop_is_not_the_current_turn():
+    # Codex returns view_image output as a user message holding only an image, in the middle of the loop.
+    image = {"type": "message", "role": "user",
+             "content": [{"type": "input_image", "image_url": "data:image/png;base64," + "A" * 400}]}
+    messages = [{"role": "developer", "content": w(10)}, {"role": "user", "content": w(200, "old")},
+                {"role": "assistant", "content": w(50)}, {"role": "user", "content": "look at the screenshot"},
+                {"type": "function_call", "call_id": "v1", "name": "view_image", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "v1", "output": "attached"}, image,
+                {"type": "function_call", "call_id": "v2", "name": "shell", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "v2", "output": w(10)}]
+    assert bench.human_turn_start(messages, "responses") == 3
+    out, o = fit(messages, "responses", window.IMAGE_TOKENS + 100)
+    assert o.applied and indexes(messages, out) == [0] + list(range(3, 9))
+    out, o = fit(messages, "responses", window.IMAGE_TOKENS + 10)
+    assert o.reason == "not_eligible"
