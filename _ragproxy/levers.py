@@ -15,7 +15,8 @@ lever that changes the list has only that member of the body encoded again.
 The levers are compress's (rag_select, compact_serialization,
 position_reorder), window's window_fit and summary's summary_buffer.
 window_fit gets the model's window (its ``context_window``, else
-window.KNOWN_WINDOWS by the upstream model's name) and the estimated tokens
+an Ollama chat's ``options.num_ctx``, else window.KNOWN_WINDOWS by the
+upstream model's name) and the estimated tokens
 of the rest of the body (tools, system, instructions).  summary_buffer gets
 the session id header, the session state (opened once per state spec,
 closed with the App) and a summarizer that asks the configured provider
@@ -233,7 +234,7 @@ class Runner:
             return compress.position_reorder(messages, api, estimate_tokens_text, ranking=lever["ranking"])
         if name == "window_fit":
             model = exchange.route.upstream_model or exchange.model
-            size = window.model_window(model, exchange.route.context_window)
+            size = window.model_window(model, exchange.route.context_window or _num_ctx(exchange))
             return window.window_fit(messages, api, estimate_tokens_text, window=size,
                                      fixed_tokens=fixed_tokens(exchange.payload),
                                      completion_reserve_tokens=lever["completion_reserve_tokens"],
@@ -272,6 +273,15 @@ class Runner:
                 raise summary.SummarizerFailed("summarizer answered HTTP %d" % response.status)
             return json.loads(data)
         return call_json
+
+
+def _num_ctx(exchange):
+    """An Ollama chat's own ``options.num_ctx``: the window Ollama will really use (it truncates past it)."""
+    if exchange.endpoint.name != "ollama_chat" or exchange.provider.type != "ollama":
+        return None
+    options = exchange.payload.get("options")
+    value = options.get("num_ctx") if isinstance(options, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def fixed_tokens(payload):

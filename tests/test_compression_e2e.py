@@ -25,6 +25,8 @@ compression:
       levers: [{name: rag_select, max_chunks: 2}]
     nothing:
       levers: []
+    fit:
+      levers: [{name: window_fit, completion_reserve_tokens: 100}]
 """
 
 BEFORE = "Please answer from the notes below.\n\n"
@@ -251,7 +253,7 @@ def test_the_admin_api_serves_the_compression_view_with_the_redis_password_maske
     compressed = make_admin_proxy(proxy_config(fake.url, extra=extra))
     status, _, view = compressed.admin().get("/admin/api/compression")
     assert status == 200
-    assert [p["name"] for p in view["profiles"]] == ["on", "top2", "nothing"]
+    assert [p["name"] for p in view["profiles"]] == ["on", "top2", "nothing", "fit"]
     assert {m["name"]: m["compression"] for m in view["models"]}["claude-squeeze"] == "top2"
     assert view["state"]["backend"] == "redis" and "hunter2" not in json.dumps(view)
     assert "cache.internal:6379" in view["state"]["redis_url"]
@@ -285,3 +287,19 @@ def test_ragproxys_own_chunks_go_through_the_profile_rag_select_keeping_the_best
     client.chat.completions.create(model="kb-squeeze", messages=question)
     squeezed = fake.last.body.decode()
     assert "rotates weekly" in squeezed and "descaled monthly" not in squeezed
+
+
+def test_an_ollama_chats_own_num_ctx_is_the_window_window_fit_keeps_to(proxy, fake):
+    import ollama
+    client = ollama.Client(host=proxy.url, headers={"Authorization": "Bearer " + API_KEY, "X-Compression": "fit"})
+    history = []
+    for i in range(20):
+        history += [{"role": "user", "content": f"question {i} " + "about the deploy pipeline " * 10},
+                    {"role": "assistant", "content": f"answer {i} " + "the deploy pipeline is fine " * 10}]
+    history.append({"role": "user", "content": "and now?"})
+    client.chat(model="llama3.1", messages=history)   # the table's 128K window: all of it fits
+    assert len(fake.last.json["messages"]) == len(history)
+    client.chat(model="llama3.1", messages=history, options={"num_ctx": 1024})
+    sent = fake.last.json["messages"]
+    assert len(sent) < len(history) and sent[-1] == history[-1] and sent == history[-len(sent):]
+    assert sent[0]["role"] == "user"   # the cut lands on a user message
