@@ -228,8 +228,6 @@ def message_tokens(message, estimate):
 
 _SYSTEM_ROLES = ("system", "developer")
 _CHAT_RESULT_ROLES = ("tool", "function")
-_RESPONSES_CALLS = ("function_call", "custom_tool_call", "local_shell_call", "computer_call",
-                    "shell_call", "apply_patch_call")
 
 
 def _role(message):
@@ -246,9 +244,9 @@ def _has_block(message, kind):
 
 
 def _responses_kind(item):
+    """call (function_call, custom_tool_call, local_shell_call, computer_call, ...), output, reasoning, other."""
     kind = _type(item)
-    if isinstance(kind, str) and (kind in _RESPONSES_CALLS or kind.endswith("_call")) and \
-            not kind.endswith("_output"):
+    if isinstance(kind, str) and kind.endswith("_call"):
         return "call"
     if isinstance(kind, str) and kind.endswith("_output"):
         return "output"
