@@ -303,3 +303,14 @@ def test_an_ollama_chats_own_num_ctx_is_the_window_window_fit_keeps_to(proxy, fa
     sent = fake.last.json["messages"]
     assert len(sent) < len(history) and sent[-1] == history[-1] and sent == history[-len(sent):]
     assert sent[0]["role"] == "user"   # the cut lands on a user message
+
+
+def test_count_tokens_answered_by_ragproxy_counts_the_compressed_body(proxy, fake):
+    import anthropic
+    client = anthropic.Anthropic(base_url=proxy.url, api_key=API_KEY, max_retries=0, timeout=10)
+    messages = [{"role": "user", "content": block(scores=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8))}]
+    full = client.messages.count_tokens(model="squeeze", messages=messages,
+                                        extra_headers={"X-Compression": "off"}).input_tokens
+    kept = client.messages.count_tokens(model="squeeze", messages=messages).input_tokens
+    assert fake.requests == []   # an OpenAI upstream has no count_tokens: ragproxy estimates
+    assert kept < full
