@@ -485,9 +485,12 @@ def render_chunks(chunks, chunk_template, budget, count_tokens=estimate_tokens_t
     """(context, used): ``chunks`` rendered with ``chunk_template`` and joined, within
     ``budget`` tokens (see render_context); ("", []) when nothing fits."""
     pieces, used = [], []
+    separator = None   # its tokens, counted once
     for index, chunk in enumerate(chunks, 1):
         piece = _fill_template(chunk_template, _chunk_values(chunk, index))
-        cost = count_tokens(piece) + (count_tokens(_CHUNK_SEPARATOR) if pieces else 0)
+        if pieces and separator is None:
+            separator = count_tokens(_CHUNK_SEPARATOR)
+        cost = count_tokens(piece) + (separator if pieces else 0)
         if cost > budget:
             if not pieces:
                 cut = _truncate_chunk(chunk, chunk_template, budget, count_tokens)
