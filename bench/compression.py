@@ -335,7 +335,7 @@ def rag_select_bench(ragproxy, collection, limit_queries=0):
     try:
         os.makedirs(os.path.join(data_dir, "config"))
         if limit_queries:
-            corpus_path = ev._slice_corpus(corpus_path, {d for q in judged for d in qrels[q]}, 500,
+            corpus_path = ev.slice_corpus(corpus_path, {d for q in judged for d in qrels[q]}, 500,
                                            os.path.join(data_dir, "corpus.jsonl"))
         config_path = os.path.join(data_dir, "config", "config.yaml")
         ev.write_config(config_path, _kb_args(), None)

@@ -152,7 +152,7 @@ def read_beir(collection_dir, split="test"):
     return corpus, queries, qrels
 
 
-def _slice_corpus(corpus_path, keep_ids, limit_docs, out_path):
+def slice_corpus(corpus_path, keep_ids, limit_docs, out_path):
     """Write the judged documents plus the first others, ``limit_docs`` in all."""
     kept = 0
     with open(corpus_path, encoding="utf-8") as src, open(out_path, "w", encoding="utf-8") as dst:
@@ -265,7 +265,7 @@ def run_eval(args, embed_url=None):
             shutil.rmtree(os.path.join(data_dir, sub, KB_NAME), ignore_errors=True)
         if args.limit_docs:
             keep = {d for qid in judged for d in qrels[qid]}
-            corpus_path = _slice_corpus(corpus_path, keep, args.limit_docs,
+            corpus_path = slice_corpus(corpus_path, keep, args.limit_docs,
                                         os.path.join(data_dir, "corpus.jsonl"))
         n_docs = _count_lines(corpus_path)
         config_path = os.path.join(data_dir, "config", "config.yaml")

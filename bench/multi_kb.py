@@ -44,7 +44,7 @@ import time
 from eval_retrieval import (
     RAGPROXY,
     _count_lines,
-    _slice_corpus,
+    slice_corpus,
     best_rank_per_document,
     doc_id_of,
     ndcg_at_k,
@@ -165,7 +165,7 @@ def run(args):
                 keep = {d for qid in c.judged for d in c.qrels[qid]}
                 # The KB cites the file by its name: the slice is a corpus.jsonl too.
                 os.makedirs(os.path.join(data_dir, "slices", c.kb), exist_ok=True)
-                corpus = _slice_corpus(corpus, keep, args.limit_docs,
+                corpus = slice_corpus(corpus, keep, args.limit_docs,
                                        os.path.join(data_dir, "slices", c.kb, "corpus.jsonl"))
             c.corpus = corpus
             c.docs = _count_lines(corpus)
