@@ -45,7 +45,7 @@ REASONS = (
     "already_ordered", "not_needed", "no_savings",
     # window_fit and summary_buffer (window.py, summary.py)
     "not_eligible", "unknown_model_window", "missing_session", "structured_request",
-    "summarizer_failed", "state_unavailable", "summary_busy",
+    "summarizer_failed", "state_unavailable", "summary_busy", "lever_error",
 )
 _SKIP_OF_STATUS = {"none": "no_marked_context", "malformed": "malformed_marked_context",
                    "too_large": "marked_context_too_large"}

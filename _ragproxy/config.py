@@ -25,15 +25,22 @@ import urllib.parse
 from .defaults import (
     BM25_B,
     BM25_K1,
+    COMPRESSION_STATE_BACKENDS,
+    COMPRESSION_STATE_TTL,
     DEFAULT_CHUNK_OVERLAP,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_HOST,
     DEFAULT_MAX_BYTES,
     DEFAULT_PORT,
+    SUMMARIZER_TIMEOUT,
+    SUMMARY_MIN_TOKENS,
+    SUMMARY_RETAIN_RECENT_MESSAGES,
+    SUMMARY_TARGET_TOKENS,
     UPLOAD_MAX_FILE_BYTES,
     UPLOAD_MAX_FILES,
     UPLOAD_MAX_RATIO,
     UPLOAD_MAX_TOTAL_BYTES,
+    WINDOW_COMPLETION_RESERVE_TOKENS,
 )
 from .guard import DEFAULT_MIN_CONFIDENCE, Guard
 from .redact import CATEGORIES as REDACT_CATEGORIES
@@ -192,17 +199,17 @@ LEVER_SCHEMAS = {
     },
     "position_reorder": {"ranking": _RANKING},
     "window_fit": {
-        "completion_reserve_tokens": _Field("int", 1024, minimum=0),
+        "completion_reserve_tokens": _Field("int", WINDOW_COMPLETION_RESERVE_TOKENS, minimum=0),
         "input_budget_tokens": _Field("int", None, minimum=1, null=True),
     },
     "summary_buffer": {
-        "min_tokens": _Field("int", 1024, minimum=0),
-        "retain_recent_messages": _Field("int", 8, minimum=0),
-        "target_summary_tokens": _Field("int", 512, minimum=1),
+        "min_tokens": _Field("int", SUMMARY_MIN_TOKENS, minimum=0),
+        "retain_recent_messages": _Field("int", SUMMARY_RETAIN_RECENT_MESSAGES, minimum=0),
+        "target_summary_tokens": _Field("int", SUMMARY_TARGET_TOKENS, minimum=1),
         "summarizer": {
             "provider": _Field("str", _REQUIRED),   # a providers.llm name (openai or ollama type)
             "model": _Field("str", _REQUIRED),
-            "timeout": _Field("number", 30.0, minimum=0.1),
+            "timeout": _Field("number", SUMMARIZER_TIMEOUT, minimum=0.1),
         },
     },
 }
@@ -210,7 +217,6 @@ LEVER_SCHEMAS = {
 DEFAULT_LEVERS = ("rag_select", "compact_serialization", "position_reorder", "window_fit")
 COMPRESSION_CHOICES = ("on", "off")
 _PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-_STATE_BACKENDS = ("sqlite", "redis")
 
 _SCHEMA = {
     "server": {
@@ -287,8 +293,8 @@ _SCHEMA = {
         "profiles": ("named", {"levers": _Field("levers", [], null=True)}),
         # summary_buffer's per-session state: SQLite under the data directory, or Redis for replicas.
         "state": {
-            "backend": _Field("str", "sqlite", choices=_STATE_BACKENDS),
-            "ttl": _Field("int", 7 * 24 * 3600, minimum=1),   # seconds a session's summary is kept unused
+            "backend": _Field("str", "sqlite", choices=COMPRESSION_STATE_BACKENDS),
+            "ttl": _Field("int", COMPRESSION_STATE_TTL, minimum=1),   # seconds a session's summary is kept unused
             "path": _Field("str", None, null=True),            # sqlite: null means DATA_DIR/compression-state.sqlite3
             "redis_url": _Field("str", "", null=True),          # redis://[:password@]host:port/db; a secret
         },

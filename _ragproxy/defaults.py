@@ -33,3 +33,17 @@ UPLOAD_MAX_FILE_BYTES = 100 * 1024 * 1024
 UPLOAD_MAX_FILES = 500
 UPLOAD_MAX_TOTAL_BYTES = 2 * 1024 ** 3
 UPLOAD_MAX_RATIO = 200.0   # unpacked / packed size: refuses zip bombs
+
+#: Compression levers (the ``compression`` config section) and their session state.
+#: A completion needs room in the window too: 1024 tokens covers a typical
+#: coding answer; a request's own max_tokens may ask for more.
+WINDOW_COMPLETION_RESERVE_TOKENS = 1024
+#: summary_buffer: history under 1024 tokens is not worth a summarizer call;
+#: the last 8 messages (about four exchanges) stay verbatim; a 512-token summary.
+SUMMARY_MIN_TOKENS = 1024
+SUMMARY_RETAIN_RECENT_MESSAGES = 8
+SUMMARY_TARGET_TOKENS = 512
+SUMMARIZER_TIMEOUT = 30.0
+COMPRESSION_STATE_BACKENDS = ("sqlite", "redis")
+#: Seconds a session's summary is kept unused: a week covers a paused work week.
+COMPRESSION_STATE_TTL = 7 * 24 * 3600

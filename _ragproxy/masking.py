@@ -2,7 +2,8 @@
 
 The secrets are the clients' ``api_keys``, the providers' ``api_key`` and
 those of their extra ``headers`` whose names say they carry a credential
-(Authorization, X-Api-Key, Cookie, ...), and the Chroma server's ``token``.  mask_secret shows enough of one to
+(Authorization, X-Api-Key, Cookie, ...), the Chroma server's ``token`` and
+the compression state's ``redis_url`` (which may hold a password).  mask_secret shows enough of one to
 recognise it (``sk-••••wxyz``), not to use it; an ``${VAR}`` reference is no
 secret and is shown as written.
 
@@ -87,6 +88,10 @@ def secret_paths(data):
     chroma = store.get("chroma_http") if isinstance(store, dict) else None
     if isinstance(chroma, dict) and isinstance(chroma.get("token"), str):
         found.append((("vectorstore", "chroma_http", "token"), chroma["token"]))
+    compression = data.get("compression")
+    state = compression.get("state") if isinstance(compression, dict) else None
+    if isinstance(state, dict) and isinstance(state.get("redis_url"), str):  # it may carry a password
+        found.append((("compression", "state", "redis_url"), state["redis_url"]))
     return [(path, value) for path, value in found if value]
 
 

@@ -29,20 +29,18 @@ that request); after a failure Redis is not tried again for
 ``retry_interval`` seconds, then the next call reconnects.  Messages name
 the host and port, never the password.
 
-May import: nothing.
+May import: defaults.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import socket
-import sqlite3
 import threading
 import time
 import urllib.parse
 
-BACKENDS = ("sqlite", "redis")
-DEFAULT_TTL = 7 * 24 * 3600
+from .defaults import COMPRESSION_STATE_BACKENDS as BACKENDS, COMPRESSION_STATE_TTL as DEFAULT_TTL
 SQLITE_FILE = "compression-state.sqlite3"
 KEY_PREFIX = "ragproxy:summary:"
 
@@ -142,6 +140,11 @@ class SqliteState(SessionState):
         self.sweep_interval = sweep_interval
         self._next_sweep = 0.0
         self._lock = threading.Lock()
+        try:   # here, not at the top: a Python built without sqlite3 still serves (the lever then skips)
+            import sqlite3
+        except ImportError:
+            raise StateUnavailable("sqlite state: this Python cannot import sqlite3 (use backend: redis)") from None
+        self._sqlite = sqlite3
         try:
             if path != ":memory:":
                 parent = os.path.dirname(os.path.abspath(path))
@@ -175,7 +178,7 @@ class SqliteState(SessionState):
                     raise
                 db.execute("COMMIT")
                 return out
-            except sqlite3.Error as exc:
+            except self._sqlite.Error as exc:
                 raise StateUnavailable("sqlite state: %s" % _reason(exc)) from None
 
     def get(self, key):
@@ -193,7 +196,7 @@ class SqliteState(SessionState):
                 try:
                     db.execute("UPDATE summary_state SET expires = MAX(expires, ?) WHERE key = ?",
                                (now + self.ttl, key))
-                except sqlite3.OperationalError:
+                except self._sqlite.OperationalError:
                     pass
                 finally:
                     db.execute("PRAGMA busy_timeout=%d" % self._busy_ms)
@@ -268,7 +271,7 @@ def _reason(exc):
     """An exception as a short phrase without request data: its class and, for OS errors, the strerror."""
     if isinstance(exc, OSError) and exc.strerror:
         return "%s (%s)" % (type(exc).__name__, exc.strerror)
-    if isinstance(exc, sqlite3.Error):
+    if type(exc).__module__ == "sqlite3":   # sqlite3 is imported only where SQLite is used
         return "%s: %s" % (type(exc).__name__, exc)
     return type(exc).__name__
 

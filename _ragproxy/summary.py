@@ -44,7 +44,7 @@ summarised is structured), ``not_needed`` (under ``min_tokens``),
 ``summarizer_failed``, ``not_eligible`` (a Responses string input).  Every
 skip leaves the list unchanged; nothing here raises for a request.
 
-May import: compress, marked, sessionstate.
+May import: compress, defaults, marked, sessionstate.
 """
 from __future__ import annotations
 
@@ -54,13 +54,14 @@ import re
 
 from . import marked, sessionstate
 from .compress import Outcome
+from .defaults import SUMMARY_MIN_TOKENS, SUMMARY_RETAIN_RECENT_MESSAGES, SUMMARY_TARGET_TOKENS
 
 LEVER = "summary_buffer"
 SESSION_HEADER = "x-ragproxy-session-id"
 SUMMARY_HEADER = "Summary of the earlier conversation (made by ragproxy from the messages it replaces):\n\n"
-DEFAULT_MIN_TOKENS = 1024
-DEFAULT_RETAIN_RECENT_MESSAGES = 8
-DEFAULT_TARGET_SUMMARY_TOKENS = 512
+DEFAULT_MIN_TOKENS = SUMMARY_MIN_TOKENS
+DEFAULT_RETAIN_RECENT_MESSAGES = SUMMARY_RETAIN_RECENT_MESSAGES
+DEFAULT_TARGET_SUMMARY_TOKENS = SUMMARY_TARGET_TOKENS
 DEFAULT_LEASE_SECONDS = 120.0    # when the summarizer does not say its timeout
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 _PREFIX_ROLES = {"chat": ("system", "developer"), "ollama_chat": ("system",), "messages": (),

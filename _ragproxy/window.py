@@ -58,7 +58,7 @@ count by their JSON text, an image by IMAGE_TOKENS (its base64 bytes are not
 what the model pays).  Deterministic: the same list gives the same result.
 The input is never mutated; the result shares every kept message.
 
-May import: compress, marked.
+May import: compress, defaults, marked.
 """
 from __future__ import annotations
 
@@ -68,6 +68,7 @@ import json
 
 from . import marked
 from .compress import Outcome
+from .defaults import WINDOW_COMPLETION_RESERVE_TOKENS
 
 LEVER = "window_fit"
 
@@ -360,7 +361,8 @@ def _cut(costs, starts, fixed, budget, low):
     return cut
 
 
-def window_fit(messages, api, estimate, *, window, fixed_tokens=0, completion_reserve_tokens=1024,
+def window_fit(messages, api, estimate, *, window, fixed_tokens=0,
+               completion_reserve_tokens=WINDOW_COMPLETION_RESERVE_TOKENS,
                input_budget_tokens=None, low_water=LOW_WATER):
     """``(messages, Outcome)``: the list with its oldest history dropped to fit the budget.
 

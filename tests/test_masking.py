@@ -121,6 +121,16 @@ def test_scoped_key_mappings_mask_the_key_only_and_come_back(parser):
     assert masking.restore_text(edited, SCOPED) == SCOPED.replace("kbs: []", "kbs: [ops]")
 
 
+def test_the_compression_state_redis_url_is_masked_and_comes_back(parser):
+    text = ("compression:\n  state:\n    backend: redis   # shared by the replicas\n"
+            "    redis_url: 'redis://:hunter2-state-pass@10.0.0.5:6379/0'\n")
+    masked = masking.mask_text(text)
+    assert "hunter2-state-pass" not in masked and "# shared by the replicas" in masked
+    assert masking.restore_text(masked, text) == text
+    edited = masked.replace("backend: redis", "backend: redis ")
+    assert masking.restore_text(edited, text) == text.replace("backend: redis", "backend: redis ")
+
+
 def test_a_new_key_typed_over_a_mask_is_kept_and_a_key_moves_with_its_provider(parser):
     masked = masking.mask_text(CONFIG)
     typed = masked.replace("flo\u2022\u2022\u2022\u2022ey-9", "a-brand-new-upstream-key")
