@@ -773,7 +773,8 @@ class Retriever:
             if kb is None or getattr(kb, "chroma", None) is not None:
                 return None
             generation, _ = kb.current()
-            generations.append(generation.name if generation is not None else None)
+            # With its commit time: a KB deleted and built again starts at the same name.
+            generations.append((generation.name, generation.created) if generation is not None else None)
         return (tuple(names), query, top_k or rag["top_k"], mode, route.kb_merge if route else None,
                 rag["lexical_min_score"], rag["score_threshold"], tuple(generations))
 
