@@ -72,6 +72,8 @@ models:
   - name: "*"
     upstream: ollama
     kb: [docs]             # null: no retrieval; a name not declared below is a KB over documents/<name>/
+    # compression: on      # off (default) | on | a profile below; X-Compression: picks per request
+    # context_window: 32768  # for window_fit (Ollama: its num_ctx); else the known-window table
 
 # Knowledge bases.  Each also owns DATA_DIR/documents/<name>/; drop files
 # there (or list more sources) and they are indexed within index_interval.
@@ -101,6 +103,14 @@ vectorstore:
   #   collection_prefix: "ragproxy_"
   #   indexer: auto                    # auto: one process holds a lease in Chroma and indexes | always | never
   #   token: ${CHROMA_TOKEN}           # sent as X-Chroma-Token, if the server wants one
+
+# Compression levers (README "Compression"): used only by models or requests
+# that ask for them.
+# compression:
+#   levers: [{name: rag_select, max_chunks: 8}, compact_serialization, position_reorder, window_fit]
+#   profiles:
+#     agent: {levers: [window_fit]}
+#   state: {backend: sqlite}   # summary_buffer's sessions; redis (with redis_url) for several replicas
 
 security:
   log_query: false

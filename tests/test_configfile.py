@@ -5,11 +5,14 @@ write_default_config, and ConfigWatcher, both called directly and as the
 thread the server runs.
 """
 import os
+import re
 import threading
 
 import pytest
 
 import ragproxy
+from _ragproxy import configfile
+from _ragproxy.config import Config
 from test_config import MINIMAL, errors_of
 
 
@@ -189,3 +192,17 @@ def test_a_reload_that_fails_half_way_puts_the_old_config_back(tmp_path, monkeyp
 
 
 # -- fuzzing the whole load: a Config or a ConfigError, nothing else ----------
+
+
+def test_the_default_configs_commented_compression_example_loads_when_uncommented():
+    text = configfile.DEFAULT_CONFIG_TEMPLATE.replace("@@API_KEY@@", "rp-" + "a" * 32)
+    text = text.replace("    # compression: on ", "    compression: on #")
+    text = text.replace("    # context_window: 32768", "    context_window: 32768")
+    text = re.sub(r"^# (compression:|  levers:|  profiles:|    agent:|  state:)", r"\1", text, flags=re.M)
+    config = Config.from_text(text, source="config.yaml")
+    assert [lever["name"] for lever in config.raw["compression"]["levers"]] == [
+        "rag_select", "compact_serialization", "position_reorder", "window_fit"]
+    assert list(config.raw["compression"]["profiles"]) == ["agent"]
+    assert config.raw["compression"]["state"]["backend"] == "sqlite"
+    route = config.models[0]
+    assert (route.compression, route.context_window) == ("on", 32768)
