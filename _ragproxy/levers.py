@@ -46,6 +46,14 @@ _FIELD_OF_API = {"chat": "messages", "ollama_chat": "messages", "messages": "mes
 # What window_fit must leave room for besides the list: every other member of the body but these.
 _NOT_FIXED = frozenset(("model", "stream", "messages", "input"))
 ERROR_REASON = "lever_error"   # a lever raised: the list is left as it was (a bug, logged with its traceback)
+#: Seconds a summarizer that failed is not asked again.  Without a pause a dead
+#: or hung summarizer would make every request past min_tokens wait its full
+#: timeout; with it, one request in this interval pays, the rest skip at once.
+SUMMARIZER_BACKOFF = 30.0
+
+
+class SummarizerBackingOff(summary.SummarizerFailed):
+    """Not asked: the summarizer failed less than SUMMARIZER_BACKOFF seconds ago."""
 
 
 class Profile:
@@ -169,6 +177,7 @@ class Runner:
         self.app = app
         self._state = (None, None)   # (the state spec it was opened for, SessionState or None)
         self._lock = threading.Lock()
+        self._summarizer_down = {}   # (provider, model) -> app clock time until which it is not asked
 
     def close(self):
         with self._lock:
@@ -244,8 +253,9 @@ class Runner:
                 # Counting must not call a model nor move a session's state: the lever runs on the send.
                 return messages, compress.Outcome(name, False, "not_eligible")
             settings = lever["summarizer"]
-            summarize = summary.make_summarizer(self._caller(settings["provider"]), settings["model"],
-                                                settings["timeout"])
+            summarize = self._guarded(summary.make_summarizer(self._caller(settings["provider"]),
+                                                              settings["model"], settings["timeout"]),
+                                      settings["provider"])
             key = exchange.key
             return summary.summary_buffer(
                 messages, api, estimate_tokens_text,
@@ -255,6 +265,26 @@ class Runner:
                 target_summary_tokens=lever["target_summary_tokens"],
                 scope="%s\x1f%s" % (key["name"] if key else "", exchange.model))
         raise ValueError("unknown lever %r" % name)
+
+    def _guarded(self, summarize, provider_name):
+        """``summarize``, refusing at once while its provider and model are in their back-off after a failure."""
+        which = (provider_name, summarize.model)
+
+        def guarded(messages, previous_summary, target_tokens):
+            if self.app.clock() < self._summarizer_down.get(which, 0.0):
+                raise SummarizerBackingOff("summarizer failed recently")
+            try:
+                text = summarize(messages, previous_summary, target_tokens)
+            except summary.SummarizerFailed as exc:
+                self._summarizer_down[which] = self.app.clock() + SUMMARIZER_BACKOFF
+                log.warning("summarizer %s (provider %s) failed: %s; summary_buffer skips it for %.0f s",
+                            which[1], which[0], exc, SUMMARIZER_BACKOFF)
+                raise
+            self._summarizer_down.pop(which, None)
+            return text
+
+        guarded.timeout, guarded.model = summarize.timeout, summarize.model
+        return guarded
 
     def _caller(self, provider_name):
         """call_json(path, payload, timeout) -> dict, to ``provider_name`` through the App's pool."""

@@ -10,6 +10,7 @@ import json
 import pytest
 from conftest import API_KEY, logged_rows, proxy_config
 
+import ragproxy
 from _ragproxy import marked, summary
 
 COMPRESSION = """
@@ -314,3 +315,37 @@ def test_count_tokens_answered_by_ragproxy_counts_the_compressed_body(proxy, fak
     kept = client.messages.count_tokens(model="squeeze", messages=messages).input_tokens
     assert fake.requests == []   # an OpenAI upstream has no count_tokens: ragproxy estimates
     assert kept < full
+
+
+def test_a_failing_summarizer_is_not_asked_again_until_its_back_off_ends(fake, _running, tmp_path):
+    """One request pays for a dead summarizer; the next ones skip it at once until the back-off is over."""
+    import openai
+
+    from _ragproxy import levers
+    now = [1000.0]
+    config = ragproxy.Config.from_text(proxy_config(fake.url, extra=AGENT))
+    proxy = _running(ragproxy.App(config, data_dir=str(tmp_path), clock=lambda: now[0]))
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0, timeout=10,
+                           default_headers={"X-Ragproxy-Session-Id": "backoff-session"})
+    words = "the build log shows a failing step in the deploy stage again "
+    messages = [{"role": "system", "content": "You are a coding agent."}]
+    for i in range(6):
+        messages += [{"role": "user", "content": f"question {i}: " + words * 6},
+                     {"role": "assistant", "content": f"answer {i}: " + words * 6}]
+    messages.append({"role": "user", "content": "and now?"})
+
+    def summarizer_calls():
+        return len([r for r in fake.requests if r.json and r.json.get("model") == "summarizer-model"])
+
+    def first_lever():
+        return logged_rows(proxy.app, 1)[0]["levers"][0]
+
+    fake.fail_next(500, path="/v1/chat/completions")   # the summarizer's call comes first
+    assert client.chat.completions.create(model="agent", messages=messages).choices[0].message.content
+    assert summarizer_calls() == 1 and first_lever()["reason"] == "summarizer_failed"
+    now[0] += levers.SUMMARIZER_BACKOFF - 1
+    client.chat.completions.create(model="agent", messages=messages)
+    assert summarizer_calls() == 1 and first_lever()["reason"] == "summarizer_failed"   # not asked
+    now[0] += 2
+    client.chat.completions.create(model="agent", messages=messages)
+    assert summarizer_calls() == 2 and first_lever()["outcome"] == "applied"
