@@ -887,7 +887,8 @@ class _Compression:
 def test_a_compression_profile_picks_and_orders_the_chunks_rendered(make_proxy, fake, data_dir):
     """exchange.compression.own_context gets the screened chunks with their scores before
     rendering; only the indices it returns are rendered, in its order; its key separates turns."""
-    (data_dir / "documents" / "docs" / "kettle.md").write_text("# Kettle care\n\nThe copper kettle is descaled monthly.\n")
+    kettle = "# Kettle care\n\nThe copper kettle is descaled monthly.\n"
+    (data_dir / "documents" / "docs" / "kettle.md").write_text(kettle)
     p = make_proxy(kb_config(fake.url), data_dir=data_dir)
     p.app.knowledge_bases.index_all()
     profile = {"now": None}
