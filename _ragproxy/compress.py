@@ -104,10 +104,6 @@ def _blocks(found):
 
 # -- ranking ---------------------------------------------------------------
 
-def _has_scores(block):
-    return all(c.score is not None for c in block.chunks)
-
-
 def lexical_scores(query, texts, analyzer=None):
     """Cosine between TF-IDF vectors of ``query`` and each of ``texts`` (no model): floats in [0, 1].
 
@@ -134,16 +130,44 @@ def lexical_scores(query, texts, analyzer=None):
     return out
 
 
-def _ranked(block, ranking, analyzer):
-    """Chunk indexes best first, and each chunk's score; None when ``supplied`` lacks a score."""
-    if ranking == "supplied" or (ranking == "auto" and _has_scores(block)):
-        if not _has_scores(block):
+def rank(query, texts, scores, ranking, analyzer=None):
+    """Indexes of ``texts`` best first, and each one's score in [0, 1]; None when ``supplied`` lacks a score.
+
+    ``scores`` holds each text's supplied score or None.  ``auto`` uses them
+    when every text has one, else lexical_scores against ``query``.  The
+    ranking of the retrieval levers, for marked blocks and for ragproxy's own
+    chunks (levers.Profile.own_context) alike.
+    """
+    supplied = all(s is not None for s in scores)
+    if ranking == "supplied" or (ranking == "auto" and supplied):
+        if not supplied:
             return None
-        scores = [c.score for c in block.chunks]
+        values = list(scores)
     else:
-        scores = lexical_scores(block.query, [c.text for c in block.chunks], analyzer)
-    # Ties go to the earlier chunk: the application's own order breaks them.
-    return sorted(range(len(scores)), key=lambda k: (-scores[k], k)), scores
+        values = lexical_scores(query, texts, analyzer)
+    # Ties go to the earlier text: the application's own order breaks them.
+    return sorted(range(len(values)), key=lambda k: (-values[k], k)), values
+
+
+def select(ranked, scores, texts, drop_empty=False, min_relevance_percent=None, max_chunks=None):
+    """rag_select's keep rule: the indexes of ``ranked`` (best first) that stay, in their original order.
+
+    A text goes when it is blank (``drop_empty``), when its score is below
+    ``min_relevance_percent`` / 100, or when it ranks past ``max_chunks``.
+    Empty when none stays (the caller then keeps them all: dropping every
+    retrieved chunk is not a trim).
+    """
+    keep = [k for k in ranked
+            if not (drop_empty and not texts[k].strip())
+            and not (min_relevance_percent is not None and scores[k] * 100 < min_relevance_percent)]
+    if max_chunks is not None:
+        keep = keep[:max_chunks]
+    return sorted(keep)
+
+
+def _ranked(block, ranking, analyzer):
+    """rank() over a marked block's chunks."""
+    return rank(block.query, [c.text for c in block.chunks], [c.score for c in block.chunks], ranking, analyzer)
 
 
 def _check_ranking(ranking):
@@ -194,15 +218,11 @@ def rag_select(messages, api, estimate, min_tokens=0, ranking="auto", max_chunks
         if ranked is None:
             return messages, _skip(lever, "missing_relevance_score", before)
         order, scores = ranked
-        keep = [k for k in order
-                if not (drop_empty and not block.chunks[k].text.strip())
-                and not (min_relevance_percent is not None and scores[k] * 100 < min_relevance_percent)]
-        if max_chunks is not None:
-            keep = keep[:max_chunks]
+        keep = select(order, scores, [c.text for c in block.chunks], drop_empty, min_relevance_percent, max_chunks)
         if not keep:
             emptied = True
         elif len(keep) < len(block.chunks):
-            kept_of[id(block)] = sorted(keep)
+            kept_of[id(block)] = keep
     if not kept_of:
         return messages, _skip(lever, "no_selected_chunks" if emptied else "no_savings", before)
 

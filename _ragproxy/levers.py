@@ -85,39 +85,24 @@ class Profile:
             if lever["name"] == "rag_select":
                 order = _select(order, query, texts, scores, lever)
             elif lever["name"] == "position_reorder" and len(order) > 1:
-                ranked = _rank(order, query, texts, scores, lever["ranking"])
+                ranked = compress.rank(query, [texts[k] for k in order], [scores[k] for k in order],
+                                       lever["ranking"])
                 if ranked is not None:
-                    order = compress.edge_order(ranked[0])
+                    order = [order[i] for i in compress.edge_order(ranked[0])]
         return order
-
-
-def _rank(order, query, texts, scores, ranking):
-    """``order`` best first (ties: the earlier), or None when ``supplied`` ranking has no scores."""
-    if ranking == "supplied" or (ranking == "auto" and all(scores[k] is not None for k in order)):
-        if any(scores[k] is None for k in order):
-            return None
-        of = {k: scores[k] for k in order}
-    else:
-        of = dict(zip(order, compress.lexical_scores(query, [texts[k] for k in order])))
-    return sorted(order, key=lambda k: (-of[k], order.index(k))), of
 
 
 def _select(order, query, texts, scores, lever):
+    """rag_select's rules (compress.rank, compress.select) over the chunks in ``order``."""
     if not order or sum(estimate_tokens_text(texts[k]) for k in order) < lever["min_tokens"]:
         return order
-    ranked = _rank(order, query, texts, scores, lever["ranking"])
+    kept_texts = [texts[k] for k in order]
+    ranked = compress.rank(query, kept_texts, [scores[k] for k in order], lever["ranking"])
     if ranked is None:
         return order
-    best, of = ranked
-    percent = lever["min_relevance_percent"]
-    keep = [k for k in best if not (lever["drop_empty"] and not texts[k].strip())
-            and not (percent is not None and of[k] * 100 < percent)]
-    if lever["max_chunks"] is not None:
-        keep = keep[:lever["max_chunks"]]
-    if not keep:   # dropping every retrieved chunk is not a trim (as rag_select on marked blocks)
-        return order
-    kept = set(keep)
-    return [k for k in order if k in kept]
+    keep = compress.select(ranked[0], ranked[1], kept_texts, lever["drop_empty"], lever["min_relevance_percent"],
+                           lever["max_chunks"])
+    return [order[i] for i in keep] if keep else order   # dropping every chunk is not a trim
 
 
 def profiles_of(config):
