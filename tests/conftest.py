@@ -35,6 +35,19 @@ from _ragproxy.chroma import ChromaClient, ChromaError  # noqa: E402
 from fake_upstream import FakeUpstream  # noqa: E402
 
 API_KEY = "rp-test-key-0001"
+
+
+class ManualClock:
+    """An injectable clock that moves only when told: ``clock()`` is now, ``clock.advance(s)`` moves it."""
+
+    def __init__(self, now=1_000_000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
 TLS_DIR = os.path.join(HERE, "data", "tls")  # test-only certificates; data/tls/make.sh made them
 
 

@@ -283,3 +283,9 @@ def test_compression_families_count_each_lever_by_outcome_and_reason_and_the_tok
         (("lever", "window_fit"), ("outcome", "skipped"), ("reason", "not_needed")): 1,
         (("lever", "other"), ("outcome", "applied"), ("reason", "other")): 1}
     assert samples("ragproxy_compression_tokens_saved") == {(("lever", "rag_select"),): 1200, (("lever", "other"),): 6}
+
+
+def test_the_compression_lever_label_set_is_the_configs_levers():
+    # metrics cannot import config (one layer): the closed label set is written there and checked here.
+    from _ragproxy import config, metrics
+    assert metrics.COMPRESSION_LEVERS == tuple(config.LEVER_SCHEMAS)

@@ -14,20 +14,14 @@ import time
 import uuid
 
 import pytest
+from conftest import ManualClock
 
 from _ragproxy import sessionstate
 from _ragproxy.sessionstate import RedisState, RespClient, SqliteState, StateUnavailable, Stored
 
 
-class Clock:
-    def __init__(self, now=1_000_000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-    def advance(self, seconds):
-        self.now += seconds
+def Clock(now=1_000_000.0):
+    return ManualClock(now)
 
 
 def raw_client(server, db=0):

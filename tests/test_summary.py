@@ -13,6 +13,7 @@ import urllib.parse
 import uuid
 
 import pytest
+from conftest import ManualClock
 
 from _ragproxy import compress, inject, sessionstate, summary
 from _ragproxy.sessionstate import RedisState, SqliteState
@@ -23,15 +24,8 @@ def words(text):
     return len(text.split())
 
 
-class Clock:
-    def __init__(self, now=2_000_000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-    def advance(self, seconds):
-        self.now += seconds
+def Clock(now=2_000_000.0):
+    return ManualClock(now)
 
 
 class FakeSummarizer:
