@@ -260,7 +260,7 @@ def _cap_ends(text, max_bytes):
 
 # -- turn key ------------------------------------------------------------------
 
-def turn_key(endpoint, payload, raw=None):
+def turn_key(endpoint, payload, raw=None, seen=None):
     """sha256 hex of the conversation up to and including the last human turn.
 
     Every request of one agent loop only appends after that turn, so they share
@@ -269,13 +269,22 @@ def turn_key(endpoint, payload, raw=None):
     system prompt is left out too: Claude Code's first system block changes on
     every request.  Compute it before ``inject`` changes the payload.
 
-    ``raw(key, upto)``, when given, answers with the client's own text of
+    ``raw(key, upto, marked)``, when given, answers with the client's own text of
     entries 0 to ``upto`` of ``payload[key]`` (``upto`` None: the whole value),
-    ``cache_control`` members cut out, as str or as its UTF-8 bytes, or None when it cannot tell
+    ``cache_control`` members cut out of the entries ``marked`` names (None: of
+    all of it), as str or as its UTF-8 bytes, or None when it cannot tell
     (jsonbody.raw_entries).  The key is then the hash of that text: a client
     sends the same turn as the same bytes round after round, and hashing them
     costs a tenth of encoding the entries again with sorted keys.  Any byte
-    of the prefix that changes changes the key.
+    of the prefix that changes changes the key.  The marked entries are those
+    with the marker where clients put it (_cache_marked): one nested deeper
+    stays in the text, and the key then changes when it moves, which costs a
+    retrieval but never takes two turns for one.
+
+    ``seen``, a cache with get and put (the retriever's), remembers the raw
+    texts of recent turns with their keys: every round of an agent loop sends
+    the same prefix, and comparing it with the one seen costs a tenth of
+    hashing it again.
     """
     view = _conversation(endpoint, payload)
     if view is None:
@@ -284,17 +293,29 @@ def turn_key(endpoint, payload, raw=None):
     if isinstance(seq, str):
         if not _strip_harness(seq).strip():
             return None
-        prefix, upto = [seq], None
+        prefix, upto, marked = [seq], None, None
     else:
         i = _last_human(fmt, seq)
         if i is None:
             return None
         prefix, upto = seq[:i + 1], i
-    text = raw(fmt.turns, upto) if raw is not None else None
-    if text is not None:   # "raw" keeps these keys apart from the encoded ones
-        digest = hashlib.sha256(endpoint.encode("utf-8") + b"\nraw\n")
-        digest.update(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
-        return digest.hexdigest()
+        marked = _cache_marked(prefix) if raw is not None else None
+    text = raw(fmt.turns, upto, marked) if raw is not None else None
+    if text is not None:
+        text = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+        # Found by its length and its end, the newest turn's own words; the whole compared.
+        lookup = (endpoint, len(text), text[-_SEEN_TAIL:]) if seen is not None and len(text) <= MAX_SEEN_BYTES \
+            else None
+        if lookup is not None:
+            known = seen.get(lookup)
+            if known is not None and known[0] == text:
+                return known[1]
+        digest = hashlib.sha256(endpoint.encode("utf-8") + b"\nraw\n")   # "raw": apart from the encoded keys
+        digest.update(text)
+        key = digest.hexdigest()
+        if lookup is not None:
+            seen.put(lookup, (text, key))
+        return key
     digest = hashlib.sha256(endpoint.encode("utf-8"))
     for entry in prefix:  # one entry at a time: only the few with cache_control get copied
         blob = _turn_json(entry)
@@ -303,6 +324,37 @@ def turn_key(endpoint, payload, raw=None):
         digest.update(b"\n" + blob.encode("utf-8", "surrogatepass"))  # dumps escapes newlines
     return digest.hexdigest()
 
+
+def _cache_marked(entries):
+    """Indices of the entries with a ``cache_control`` member on them, on one of their
+    content parts or on a part of one of those (a tool result's): where clients put it."""
+    marked = []
+    for n, entry in enumerate(entries):   # loops, not a walk or generators: this runs on every request
+        if not isinstance(entry, dict):
+            continue
+        if "cache_control" in entry:
+            marked.append(n)
+            continue
+        content = entry.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and ("cache_control" in part or _holds_marker(part.get("content"))):
+                    marked.append(n)
+                    break
+    return marked
+
+
+def _holds_marker(parts):
+    if isinstance(parts, list):
+        for part in parts:
+            if isinstance(part, dict) and "cache_control" in part:
+                return True
+    return False
+
+
+# A turn's raw text is remembered up to this size: the retriever keeps a few dozen.
+MAX_SEEN_BYTES = 1 << 20
+_SEEN_TAIL = 256
 
 _MODEL_ROLES = frozenset(("assistant", "tool", "function"))
 

@@ -211,24 +211,26 @@ def json_object_with_members(body, expand=()):
     return json_object_of(body), None
 
 
-def raw_entries(members, key, upto=None, leave_out=None, utf8=False):
+def raw_entries(members, key, upto=None, leave_out=None, utf8=False, within=None):
     """The body's own text of entries 0 to ``upto`` of the top-level array ``key``, from
     the first's start to the last's end (``upto`` None: the whole value of ``key``).
 
     Every object member named ``leave_out``, at any depth, is cut out with its
     comma, so the text is what the client's encoder would have written without
-    it.  None when the text cannot be told: a body that repeats a key, ``key``
+    it; ``within``, the indices of the entries that hold one, limits the search
+    to them (finding nothing in the rest of a 100 KB conversation costs a scan
+    of it).  None when the text cannot be told: a body that repeats a key, ``key``
     missing, not an array whose entries were found, or ``upto`` past its end.
     ``utf8``: the text encoded as UTF-8 (surrogates passed), which for an
     ASCII body is cut from the body's bytes without decoding or encoding.
     """
-    text = _raw_entries(members, key, upto, leave_out, utf8 and members.ascii)
+    text = _raw_entries(members, key, upto, leave_out, utf8 and members.ascii, within)
     if utf8 and isinstance(text, str):
         return text.encode("utf-8", "surrogatepass")
     return text
 
 
-def _raw_entries(members, key, upto, leave_out, from_body):
+def _raw_entries(members, key, upto, leave_out, from_body, within):
     if members.spans is None or key not in members.spans:
         return None
     span = members.spans[key]
@@ -239,9 +241,22 @@ def _raw_entries(members, key, upto, leave_out, from_body):
         start, end = span[2][0][0], span[2][upto][1]
     text = members.text
     source = members.body if from_body else text
-    if leave_out is None or text.find('"%s"' % leave_out, start, end) < 0:
+    if leave_out is None:
         return source[start:end]
-    return _without_members(text, start, end, leave_out, source)
+    if within is None or len(span) < 3:
+        cuts = [(start, end)]
+    else:
+        entries = span[2]
+        cuts = [entries[n] for n in sorted(set(within)) if 0 <= n < len(entries) and entries[n][1] <= end]
+    pieces, pos = [], start
+    for cut_start, cut_end in cuts:
+        if text.find('"%s"' % leave_out, cut_start, cut_end) >= 0:
+            pieces += (source[pos:cut_start], _without_members(text, cut_start, cut_end, leave_out, source))
+            pos = cut_end
+    if not pieces:
+        return source[start:end]
+    pieces.append(source[pos:end])
+    return source[:0].join(pieces)
 
 
 def _without_members(text, start, end, name, source=None):

@@ -217,6 +217,23 @@ class _Screening:
                 if action == "deny":
                     self.refuse("input", findings)
 
+    def mark(self):
+        """Where the screening stands, for since()."""
+        return len(self.findings), self.dropped, collections.Counter(self.redactions)
+
+    def since(self, mark):
+        """What was found, dropped and redacted after ``mark``: for replay() by a request
+        that reuses the same screened chunks (Retriever.renders)."""
+        findings, dropped, redactions = mark
+        return tuple(self.findings[findings:]), self.dropped - dropped, self.redactions - redactions
+
+    def replay(self, screened):
+        """Record again what since() reported: a reused render's log fields are its first one's."""
+        findings, dropped, redactions = screened
+        self.findings += findings
+        self.dropped += dropped
+        self.redactions.update(redactions)
+
     def refuse(self, where, findings):
         self.denied = where
         what = "retrieved context" if where == "retrieved" else "a tool result in the request"
@@ -471,6 +488,10 @@ def _compression_key(exchange):
     return None if compression is None else compression.key
 
 
+# Agent loops whose turn text the retriever remembers (Retriever.turn_texts).
+_TURN_TEXTS = 32
+
+
 class Retriever:
     """The request rewriter that puts knowledge-base context into requests."""
 
@@ -484,6 +505,12 @@ class Retriever:
         # again (a new chat, a retry, a subagent) costs no search, and an
         # embedding model's vector for it no call either.
         self.searches = _LRU(app.config.rag["turn_cache_size"])
+        # And what those hits became for a model (screened, chosen, rendered around the
+        # question), so that asking again costs neither a search nor a render.
+        self.renders = _LRU(app.config.rag["turn_cache_size"])
+        # The raw text of the turns of the latest agent loops, each up to
+        # inject.MAX_SEEN_BYTES, with its turn key: a later round's key is a comparison.
+        self.turn_texts = _LRU(_TURN_TEXTS)
         self.disabled_rerankers = {}  # provider name -> why, after a permanent error (the panel shows it)
         self._guards, self._redactors = {}, {}   # compiled once per set of deny patterns / categories
         self._rails = _rails_of(app.config)
@@ -494,8 +521,9 @@ class Retriever:
         both caches: what they hold was screened by the old ones."""
         for cache in (self.turns, self.stale):
             cache.resize(config.rag["turn_cache_size"])
-        self.searches.resize(0)   # a KB's spec (its retrieval mode, its fusion) may have changed
-        self.searches.resize(config.rag["turn_cache_size"])
+        for cache in (self.searches, self.renders):   # a KB's spec, or a template, may have changed
+            cache.resize(0)
+            cache.resize(config.rag["turn_cache_size"])
         rails = _rails_of(config)
         if rails != self._rails:
             self._rails = rails
@@ -583,7 +611,7 @@ class Retriever:
         in_place = route.inject_mode in _USER_TURN_MODES and uses_query(rag["inject_template"])
         try:
             query = extract_query(endpoint, payload, rag["query_source"], rag["max_query_bytes"])
-            turn = turn_key(endpoint, payload, self._raw_prefix(exchange))
+            turn = turn_key(endpoint, payload, self._raw_prefix(exchange), self.turn_texts)
             question = question_text(endpoint, payload) if in_place else query
             later_round = bool(turn) and continues_turn(endpoint, payload)
         except RecursionError:  # nesting that json parsed with a few levels to spare
@@ -641,11 +669,11 @@ class Retriever:
         (jsonbody.with_edits), which needs the same spans; Members the proxy
         found as it parsed the body (jsonbody.json_object_with_members) are used as they are.
         """
-        def raw(key, upto):
+        def raw(key, upto, marked):
             members, body = exchange.members, exchange.request.body
             if members is None or members.body is not body or key not in members.expand:
                 members = exchange.members = Members(body, (key,))
-            return raw_entries(members, key, upto, leave_out="cache_control", utf8=True)
+            return raw_entries(members, key, upto, leave_out="cache_control", utf8=True, within=marked)
         return raw if isinstance(exchange.request.body, bytes) and exchange.request.body else None
 
     def _fit(self, found, limit, own_tokens, question, screen):
@@ -685,9 +713,22 @@ class Retriever:
         policy = route.on_failure or rag["on_failure"]
         template = rag["inject_template"]
         stale_key = (tuple(names), query, key_scope(exchange.key), _compression_key(exchange))
+        search_key = self._search_key(names, query, route, None, None)
+        # The route's name stands for its guardrails, the compression key for its choice of chunks.
+        render_key = (search_key, route.name, question, in_place, _compression_key(exchange)) \
+            if search_key is not None else None
+        rendered = self.renders.get(render_key) if render_key is not None else None
+        if rendered is not None:
+            found, screened = rendered
+            screen.replay(screened)
+            exchange.retrieval["outcome"] = found.outcome
+            if found.sources:
+                found = dataclasses.replace(found, at=self.app.clock())
+                self.stale.put(stale_key, found)
+            return found
         limit = Deadline((route.timeout_ms or rag["timeout_ms"]) / 1000.0)
         try:
-            hits = self.search(names, query, route, stages=exchange.retrieval["stages"], deadline=limit)
+            hits = self._searched(search_key, names, query, route, None, exchange.retrieval["stages"], limit, None)
         except (EmbeddingError, RerankError, StoreError, OSError, ValueError, _OutOfTime) as exc:
             log.warning("retrieval failed for %s (%s): %s", exchange.model, ",".join(names), exc)
             exchange.retrieval["outcome"] = "failed"
@@ -702,6 +743,7 @@ class Retriever:
                 raise RetrievalFailed(f"knowledge-base retrieval failed: {exc}") from None
             exchange.retrieval["outcome"] = "degraded"
             return Retrieved("", (), "degraded")
+        mark = screen.mark()
         chunks = screen.screen_chunks([dict(hit.chunk, content=hit.chunk.get("text", ""),
                                             score=round(hit.score, 4), kb=hit.kb) for hit in hits])
         if screen.dropped:   # what the request log and the header cite is what was injected
@@ -729,6 +771,8 @@ class Retriever:
                           outcome, self.app.clock(), tuple(hits), context, in_place, tuple(used))
         if used:
             self.stale.put(stale_key, found)
+        if render_key is not None:
+            self.renders.put(render_key, (found, screen.since(mark)))
         return found
 
     def search(self, names, query, route=None, top_k=None, stages=None, deadline=None, mode=None):
@@ -745,7 +789,11 @@ class Retriever:
         as a rerank that fails does.  ``mode`` (lexical, dense, hybrid) searches
         every knowledge base that way instead of in its own retrieval mode.
         """
-        key = self._search_key(names, query, route, top_k, mode)
+        return self._searched(self._search_key(names, query, route, top_k, mode),
+                              names, query, route, top_k, stages, deadline, mode)
+
+    def _searched(self, key, names, query, route, top_k, stages, deadline, mode):
+        """search's hits, from the search cache when ``key`` (_search_key's) is there."""
         if key is not None:
             found = self.searches.get(key)
             if found is not None:

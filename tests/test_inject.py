@@ -245,8 +245,9 @@ def test_turn_key_is_stable_through_an_agent_loop_and_changes_on_a_new_turn(endp
 
 def raw_of(body):
     """turn_key's ``raw`` over the client's bytes, as the retriever gives it."""
-    def raw(key, upto):
-        return jsonbody.raw_entries(jsonbody.Members(body, (key,)), key, upto, leave_out="cache_control")
+    def raw(key, upto, marked):
+        return jsonbody.raw_entries(jsonbody.Members(body, (key,)), key, upto, leave_out="cache_control",
+                                    within=marked)
     return raw
 
 
@@ -286,9 +287,60 @@ def test_turn_key_of_the_raw_bytes_changes_with_any_byte_of_the_prefix(endpoint)
     assert ragproxy.turn_key(endpoint, body, raw_of(spaced_out)) != key
 
 
+@pytest.mark.parametrize("encode", CLIENT_ENCODINGS)
+def test_turn_key_of_the_raw_bytes_holds_when_the_marker_moves_inside_tool_results(encode):
+    """A client may put cache_control on a tool result's own text part, two levels into the
+    message: the raw key finds it there as well as on messages and their blocks."""
+    marker = {"type": "ephemeral"}
+
+    def body(marked):
+        result = {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "ok"}]}
+        messages = [{"role": "user", "content": "run the tests please"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ls", "input": {}}]},
+                    {"role": "user", "content": [result]},
+                    {"role": "user", "content": "and why did the build fail"}]
+        if marked == "inner":
+            result["content"][0]["cache_control"] = marker
+        elif marked == "block":
+            result["cache_control"] = marker
+        elif marked == "message":
+            messages[3]["cache_control"] = marker
+        return {"model": "m", "messages": messages}
+
+    keys = {ragproxy.turn_key("messages", b, raw_of(encode(b))) for b in map(body, ("inner", "block", "message", None))}
+    assert len(keys) == 1
+
+
+class _Seen(dict):
+    """The retriever's cache of turn texts, as far as turn_key uses it."""
+
+    def put(self, key, value):
+        self[key] = value
+
+
+@pytest.mark.parametrize("endpoint", sorted(LOOPS))
+def test_turn_key_remembering_turn_texts_gives_the_keys_hashing_gives(endpoint):
+    """A later round is matched by comparing its text with the one remembered: same keys as
+    hashing, and a prefix of the same length and the same end that differs elsewhere is
+    still another turn."""
+    build, field = LOOPS[endpoint]
+    encode, seen = CLIENT_ENCODINGS[1], _Seen()
+    bodies = [build(r) for r in range(3)]
+    for body in bodies:   # an earlier question, long enough to lie before the end the lookup uses
+        body[field].insert(0, {"role": "user", "content": "an earlier question " * 40})
+    keys = [ragproxy.turn_key(endpoint, body, raw_of(encode(body)), seen) for body in bodies]
+    assert keys == [ragproxy.turn_key(endpoint, body, raw_of(encode(body))) for body in bodies]
+    assert len(set(keys)) == 1 and len(seen) == 1
+    first = encode(bodies[0])
+    at = first.index(b"an earlier question")
+    twin = first[:at] + b"A" + first[at + 1:]   # one byte, near the start
+    key = ragproxy.turn_key(endpoint, json.loads(twin), raw_of(twin), seen)
+    assert key != keys[0] and key == ragproxy.turn_key(endpoint, json.loads(twin), raw_of(twin))
+
+
 def test_turn_key_without_raw_text_encodes_the_entries():
     body = claude_code_request(1)
-    assert ragproxy.turn_key("messages", body, lambda key, upto: None) == ragproxy.turn_key("messages", body)
+    assert ragproxy.turn_key("messages", body, lambda key, upto, marked: None) == ragproxy.turn_key("messages", body)
 
 
 def test_turn_key_ignores_harness_only_messages_after_the_turn():

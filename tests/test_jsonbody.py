@@ -130,6 +130,23 @@ def test_raw_entries_leaves_out_cache_control_as_the_encoder_would_have(entry, d
     assert jsonbody.raw_entries(_members(body), "messages", 1) != got   # without leave_out: as sent
 
 
+def test_raw_entries_cuts_only_within_the_entries_named():
+    marker = {"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}}
+    entries = [{"role": "user", "content": [marker]}, {"role": "assistant", "content": "a"},
+               {"role": "user", "content": [marker, marker]}]
+    body = json.dumps({"messages": entries}).encode()
+    members = _members(body)
+    everywhere = jsonbody.raw_entries(members, "messages", 2, leave_out="cache_control")
+    assert jsonbody.raw_entries(members, "messages", 2, leave_out="cache_control", within=[2, 0]) == everywhere
+    assert "cache_control" not in everywhere
+    only_last = jsonbody.raw_entries(members, "messages", 2, leave_out="cache_control", within=[2, 5])
+    assert only_last.count("cache_control") == 1 and only_last.index("cache_control") < only_last.index("assistant")
+    assert jsonbody.raw_entries(members, "messages", 1, leave_out="cache_control", within=[2]) == \
+        jsonbody.raw_entries(members, "messages", 1)   # the entry named lies past upto
+    assert jsonbody.raw_entries(members, "messages", 2, leave_out="cache_control", within=[1]) == \
+        jsonbody.raw_entries(members, "messages", 2)
+
+
 def test_raw_entries_keeps_cache_control_written_inside_a_string():
     entry = {"text": 'say "cache_control": {} \\', "note": "\\\"cache_control\": 1"}
     body = json.dumps({"messages": [entry]}).encode()

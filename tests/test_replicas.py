@@ -18,7 +18,6 @@ import time
 import urllib.error
 import urllib.request
 
-import pytest
 from conftest import API_KEY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

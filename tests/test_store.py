@@ -257,6 +257,22 @@ def test_gc_on_open_removes_abandoned_temp_dirs(tmp_path, mode):
     assert store.current().chunks[0]["id"] == "a-0"
 
 
+def test_a_commit_by_another_process_is_seen_by_the_next_current(tmp_path, mode):
+    """current() re-reads CURRENT only when a stat says it was replaced: another store's
+    commit (another process's) renames a new file over it, and the next call sees it."""
+    root = str(tmp_path / "kb")
+    reader, writer = ragproxy.KBStore(root), ragproxy.KBStore(root)
+    commit_state(writer, 3, "one")
+    seen = [reader.current().number, reader.current().number]
+    for n in range(2):
+        commit_state(writer, 3, f"again{n}")
+        seen.append(reader.current().number)
+    os.unlink(os.path.join(root, "CURRENT"))   # the newest complete generation stands in
+    commit_state(writer, 3, "last")
+    seen.append(reader.current().number)
+    assert seen == [1, 1, 2, 3, 4]
+
+
 def test_garbage_current_falls_back_to_newest_complete(tmp_path, mode, caplog):
     root = str(tmp_path / "kb")
     store = ragproxy.KBStore(root)
