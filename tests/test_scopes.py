@@ -204,10 +204,17 @@ def test_stale_context_is_kept_per_scope(make_proxy, fake, tmp_path, monkeypatch
     question = "what does the purple elephant do"
     assert ask(proxy, API_KEY, question) == "FOUND: " + DOCS_FACT   # good context, kept for use_stale
 
-    def unreachable(*args, **kwargs):   # as a search fails when its embedding server is down
+    # The guide changes (a new generation: no cached search or render answers for it) while
+    # the knowledge bases cannot be searched, as when their embedding server is down.
+    guide = tmp_path / "documents" / "docs" / "guide.md"
+    guide.write_text(guide.read_text() + "\n## Giraffes\n\nGiraffes are tall.\n")
+    proxy.app.knowledge_bases.index_all()
+
+    def unreachable(*args, **kwargs):
         raise EmbeddingError("embedding server unreachable")
 
-    monkeypatch.setattr(proxy.app.retriever, "search", unreachable)
+    for kb in proxy.app.knowledge_bases.kbs.values():
+        monkeypatch.setattr(kb, "search", unreachable)
     # Another scope (docs and code, the same KBs searched) has no stale context of its own: it fails closed.
     with pytest.raises(openai.APIStatusError) as info:
         ask(proxy, BOTH_KEY, question)
