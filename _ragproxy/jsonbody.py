@@ -9,14 +9,20 @@ body as the client sent it: every byte not edited goes upstream unchanged,
 which is both cheaper than encoding the payload again and faithful to the
 client's numbers and escapes.  Members finds where a body's members lie
 once, for both the splice and raw_entries (the client's own text of a
-conversation's first entries, which the turn key hashes).
+conversation's first entries, which the turn key hashes).  ParseMemo keeps
+the parsed values of recent bodies' large members and entries, so a body
+that repeats them (every round of an agent loop repeats the conversation so
+far, its tools and its system prompt) has them copied instead of parsed.
 
 May import: api.
 """
 from __future__ import annotations
 
 import json
+import marshal
 import re
+import threading
+from collections import OrderedDict
 
 from .api import ClientError, json_bytes, json_text
 
@@ -93,7 +99,7 @@ _BLANK = frozenset(" \t\r\n")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _json_members(text, pos, expand=(), values=None):
+def _json_members(text, pos, expand=(), values=None, memo=None, slot=None):
     """Where the members of the JSON object or array at ``text[pos]`` lie, and where it closes.
 
     An object gives ``({key: (start, end)}, close)`` with the span of each
@@ -107,6 +113,9 @@ def _json_members(text, pos, expand=(), values=None):
     ``values``, a dict for an object (a list for an array), receives the
     parsed values as well, and the text is then checked as it goes: a colon,
     comma or bracket out of place is a ValueError (json_object_with_members).
+    With ``values``, a ParseMemo ``memo`` gives the values it holds and
+    keeps the ones parsed; ``slot`` names an array's entries in it (the key
+    the array is the value of, in a tuple).
     """
     space = _JSON_SPACE.match
     blank = _BLANK   # compact JSON has no space to skip: test a character before matching
@@ -120,6 +129,8 @@ def _json_members(text, pos, expand=(), values=None):
         if values is not None and text[pos] != closer:
             raise ValueError("mismatched bracket")
         return members, pos
+    run = memo.run(text, pos, slot) if memo is not None and not is_object else None
+    known = len(run[1]) if run is not None else 0
     while True:
         if is_object:
             if values is not None and text[pos] != '"':
@@ -136,17 +147,22 @@ def _json_members(text, pos, expand=(), values=None):
                 return None
             if key in expand and text[pos] == "[":
                 entries_values = [] if values is not None else None
-                entries, end = _json_members(text, pos, (), entries_values)
+                entries, end = _json_members(text, pos, (), entries_values, memo, (key,))
                 end += 1
                 members[key] = (pos, end, entries)
                 value = entries_values
             else:
-                value, end = _scan_json(text, pos)
+                value, end = _scan_json(text, pos) if memo is None else memo.scan(text, pos, key)
                 members[key] = (pos, end)
             if values is not None:
                 values[key] = value
+        elif run is not None:   # the entries a run holds, copied at once
+            run_values, spans, end = run
+            members.extend(spans)
+            values.extend(run_values)
+            run = None
         else:
-            value, end = _scan_json(text, pos)
+            value, end = _scan_json(text, pos) if memo is None else memo.scan(text, pos, slot)
             members.append((pos, end))
             if values is not None:
                 values.append(value)
@@ -156,6 +172,8 @@ def _json_members(text, pos, expand=(), values=None):
         if text[pos] != ",":
             if values is not None and text[pos] != closer:
                 raise ValueError("no comma or closing bracket after a value")
+            if memo is not None and not is_object:
+                memo.keep_run(text, members, values, slot, known)
             return members, pos
         pos += 1
         if text[pos] in blank:
@@ -184,7 +202,114 @@ class Members:
         self.ascii = len(self.text) == len(body)
 
 
-def json_object_with_members(body, expand=()):
+# ParseMemo's defaults: how much text and copies it holds in all, and the
+# shortest value worth keeping (json parses a short one faster than a lookup
+# copies it).
+PARSE_MEMO_BYTES = 32 << 20
+PARSE_MEMO_MIN_CHARS = 512
+# How much of a value's text names its records: the rest is compared, not hashed.
+_MEMO_HEAD = 128
+# Records kept under one name: Claude Code opens every human turn with the same
+# reminder, so entries of one conversation, and conversations, share a head.
+_MEMO_ALTERNATIVES = 4
+# The newest entries a run leaves out: clients mark them for prompt caching,
+# and the next round moves the mark on.
+_RUN_LEAVES_OUT = 2
+
+
+class ParseMemo:
+    """Parsed values of recent request bodies, for the next body that repeats their text.
+
+    Each round of an agent loop sends the whole conversation again, with the
+    same tools and system prompt, and one or two entries more: parsing it all
+    again is most of what reading such a body costs.  A record is the value
+    of one top-level member, one entry of an expanded array, or a run: an
+    expanded array's entries from the first to all but the newest
+    _RUN_LEAVES_OUT, which the next round of that conversation begins with.
+    Records are filed under the first _MEMO_HEAD characters of their text and
+    used only where the body's text at that point starts with the whole of a
+    record's text.  An object, array or string closes with its own bracket
+    or quote, so that text is the value there, exactly: nothing that differs
+    can be mistaken for it.
+
+    Every use gets a new copy (marshal's, three to four times faster than the
+    parse), because the pipeline edits payloads in place: no two requests
+    share a list or dict.  Records go, oldest first, once their text and
+    copies pass ``max_bytes``.  ``reused`` counts the values copied instead
+    of parsed (a statistic: unlocked, so approximate under concurrency).
+    """
+
+    def __init__(self, max_bytes=PARSE_MEMO_BYTES, min_chars=PARSE_MEMO_MIN_CHARS):
+        self.max_bytes, self.min_chars = max_bytes, min_chars
+        self.size = 0       # bytes held: text and copies
+        self.reused = 0
+        # (slot, head) or (slot, "run", head) -> (text, marshalled value, size, entry spans or None), newest first
+        self._records = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        return sum(len(records) for records in self._records.values())
+
+    def scan(self, text, pos, slot):
+        """``(value, end)`` for the JSON value at ``text[pos]``, as json's scanner gives it.
+
+        ``slot`` names where the value is: a top-level key, or ``(key,)`` for
+        the entries of the array under it.
+        """
+        head = text[pos:pos + _MEMO_HEAD]
+        for record in self._records.get((slot, head), ()):
+            if text.startswith(record[0], pos):
+                self.reused += 1
+                return marshal.loads(record[1]), pos + len(record[0])
+        value, end = _scan_json(text, pos)
+        if end - pos >= self.min_chars and head[0] in '{["':
+            self._keep((slot, head), text[pos:end], value)
+        return value, end
+
+    def run(self, text, pos, slot):
+        """``(values, spans, end)`` of the longest run that the array entries from ``text[pos]``
+        begin with, or None; ``spans`` are the entries' (start, end)."""
+        best = None
+        for record in self._records.get((slot, "run", text[pos:pos + _MEMO_HEAD]), ()):
+            if (best is None or len(record[0]) > len(best[0])) and text.startswith(record[0], pos):
+                best = record
+        if best is None:
+            return None
+        self.reused += len(best[3])
+        return marshal.loads(best[1]), [(pos + start, pos + end) for start, end in best[3]], pos + len(best[0])
+
+    def keep_run(self, text, spans, values, slot, known=0):
+        """Keep the run of an array's entries (``spans`` and parsed ``values``, in order) but its
+        newest, unless it is no longer than the ``known`` entries a run gave."""
+        count = len(spans) - _RUN_LEAVES_OUT
+        if count <= max(known, 1):
+            return
+        start, end = spans[0][0], spans[count - 1][1]
+        if end - start >= self.min_chars:
+            self._keep((slot, "run", text[start:start + _MEMO_HEAD]), text[start:end], values[:count],
+                       tuple((s - start, e - start) for s, e in spans[:count]))
+
+    def _keep(self, key, text, value, spans=None):
+        try:   # before any rewriter edits the value: it is the parse of ``text``
+            blob = marshal.dumps(value)
+        except ValueError:   # nested deeper than marshal goes
+            return
+        size = len(text) + len(blob)
+        if size > self.max_bytes // 4:   # one huge value would push out everything else
+            return
+        with self._lock:
+            kept = self._records.pop(key, ())
+            self.size -= sum(record[2] for record in kept)
+            # A record this one's text starts with is one it makes redundant: a run the array outgrew.
+            kept = ((text, blob, size, spans),) + tuple(r for r in kept if not text.startswith(r[0]))
+            kept = kept[:_MEMO_ALTERNATIVES]
+            self._records[key] = kept
+            self.size += sum(record[2] for record in kept)
+            while self.size > self.max_bytes:
+                self.size -= sum(record[2] for record in self._records.popitem(last=False)[1])
+
+
+def json_object_with_members(body, expand=(), memo=None):
     """``(payload, members)``: json_object_of's payload and the body's Members, from one pass.
 
     Reading the top-level members one by one, and the entries of the arrays
@@ -193,7 +318,8 @@ def json_object_with_members(body, expand=()):
     one scanner pass over its body instead of two.  ``members`` is None, and
     the payload json_object_of's (or its ClientError), for a body that is
     not one plain object with each key once: surrounding whitespace is fine,
-    anything the walk cannot vouch for goes to the full parser.
+    anything the walk cannot vouch for goes to the full parser.  A
+    ParseMemo ``memo`` copies the values it holds instead of parsing them.
     """
     try:
         text = body.decode("utf-8")
@@ -203,7 +329,8 @@ def json_object_with_members(body, expand=()):
         start = _JSON_SPACE.match(text).end()
         values = {}
         try:
-            found = _json_members(text, start, frozenset(expand), values) if text[start:start + 1] == "{" else None
+            found = _json_members(text, start, frozenset(expand), values, memo) \
+                if text[start:start + 1] == "{" else None
         except (StopIteration, ValueError, IndexError, RecursionError):
             found = None
         if found is not None and text[found[1]] == "}" and _JSON_SPACE.match(text, found[1] + 1).end() == len(text):

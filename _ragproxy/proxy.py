@@ -42,7 +42,7 @@ from .api import (
     split_key_prefix,
 )
 from .config import ModelRoute, Provider, key_allows_kb, key_allows_model
-from .jsonbody import json_object_of, json_object_with_members, leading_model, with_edits, with_model
+from .jsonbody import ParseMemo, json_object_of, json_object_with_members, leading_model, with_edits, with_model
 from .kb import KnowledgeBases
 from .levers import Runner as CompressionRunner
 from .levers import Selector as CompressionSelector
@@ -132,6 +132,7 @@ class App:
         self._mcp = None   # the MCP endpoint's server, made on its first request
         self._mcp_lock = threading.Lock()
         self._routes = (None, {})  # (config, model name -> route): resolved once per config
+        self.parsed = ParseMemo()   # what the bodies retrieval reads repeat of each other (agent loops)
         if data_dir:
             self.knowledge_bases = KnowledgeBases(config, data_dir, self.http, clock, on_report=self._observe_index)
             try:
@@ -388,7 +389,7 @@ class App:
             raise ClientError(400, "request body is empty; expected a JSON object")
         members = None
         if self._may_retrieve(request):
-            payload, members = json_object_with_members(request.body, ("messages", "input"))
+            payload, members = json_object_with_members(request.body, ("messages", "input"), self.parsed)
         else:
             payload = json_object_of(request.body)
         for field in endpoint.required:
@@ -405,14 +406,20 @@ class App:
         """Whether retrieval will likely read this body: its model, read before parsing, has KBs.
 
         Such a body is parsed in one pass that also finds where its messages
-        lie (the turn key and the splice need that); any other keeps the plain
-        parse, which is cheaper.  Only a guess at the parser: the parsed
-        payload, not this, names the route.
+        lie (the turn key and the splice need that), copying what it repeats
+        of earlier bodies (App.parsed); any other keeps the plain parse, which
+        is cheaper for a body seen once.  A body that does not name its model
+        first (the SDKs put it after the messages) may retrieve if this proxy
+        has knowledge bases.  Only a guess at the parser: the parsed payload,
+        not this, names the route.
         """
         header = request.headers.get("x-ragproxy-kb", "").strip().lower()
         if header:
             return header != "off"
-        model, kbs = split_model_kbs(leading_model(request.body) or "")
+        leading = leading_model(request.body)
+        if leading is None:
+            return self.retriever is not None
+        model, kbs = split_model_kbs(leading)
         if kbs:
             return True
         route = self.resolve_route(model) if model else None

@@ -232,3 +232,125 @@ def test_raw_entries_as_utf8_are_the_texts_bytes_and_a_splice_is_the_same_either
     spliced = jsonbody.with_edits(body, payload, (("messages", 2),), members)
     assert json.loads(spliced) == payload
     assert spliced.startswith(body[:body.index(b'{"role": "user", "content": "next"}')])
+
+
+# -- ParseMemo: what a body repeats of an earlier one is copied, not parsed ------------------------
+
+REMINDER = "<system-reminder>\nThe context below is yours to use.\n</system-reminder>\n" * 3   # > the head
+
+
+def _agent_round(rounds, marker=True, tools="tools"):
+    """The body of round ``rounds`` of a Claude-Code-like loop: every human turn opens with the
+    same reminder, the newest entry carries the cache_control mark the next round moves on."""
+    messages = []
+    for n in range(rounds):
+        if n % 3 == 0:
+            messages.append({"role": "user", "content": [{"type": "text", "text": REMINDER},
+                                                         {"type": "text", "text": f"question {n} " * 40}]})
+        else:
+            messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{n}",
+                                                          "content": f"result {n}\n" * 60}]})
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {n} " * 50}]})
+    if marker:
+        messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return json.dumps({"model": "m", "messages": messages, "system": [{"type": "text", "text": "sys " * 300}],
+                       tools: [{"name": f"tool_{i}", "input_schema": {"type": "object"}, "d": "x" * 300}
+                               for i in range(4)], "stream": False}).encode()
+
+
+def _parse_as_without_memo(body, memo):
+    payload, members = jsonbody.json_object_with_members(body, ("messages",), memo)
+    want, want_members = jsonbody.json_object_with_members(body, ("messages",))
+    assert repr(payload) == repr(want)
+    assert (members.spans, members.close) == (want_members.spans, want_members.close)
+    return payload
+
+
+def test_parse_memo_copies_what_each_round_of_an_agent_loop_repeats():
+    memo = jsonbody.ParseMemo()
+    _parse_as_without_memo(_agent_round(3), memo)
+    assert memo.reused == 0
+    for rounds in range(4, 12):   # the mark moves on; the entries before it, the system and tools repeat
+        before = memo.reused
+        _parse_as_without_memo(_agent_round(rounds), memo)
+        assert memo.reused - before >= 2 * rounds - 2   # a run of the entries, the tools and the system
+    before = memo.reused
+    _parse_as_without_memo(_agent_round(11), memo)   # the same body again: everything but the small members
+    assert memo.reused - before >= 2 + 22 - 2
+
+
+def test_parse_memo_hands_out_copies_so_an_edit_reaches_no_other_request():
+    memo = jsonbody.ParseMemo()
+    body = _agent_round(6)
+    first = _parse_as_without_memo(body, memo)
+    second = _parse_as_without_memo(body, memo)
+    second["messages"][0]["content"].insert(0, {"type": "text", "text": "injected context"})
+    second["tools"].pop()
+    second["system"][0]["text"] = "edited"
+    third = _parse_as_without_memo(body, memo)
+    assert third == first == json.loads(body) and third["messages"][0] is not second["messages"][0]
+
+
+@pytest.mark.parametrize("change", [
+    lambda body: body.replace(b'"d": "xxx', b'"d": "Xxx', 1),                       # a tool differs inside
+    lambda body: body.replace(b'x"}], "stream"', b'x", "more": 1}], "stream"'),    # a tool has one key more
+    lambda body: body.replace(b'answer 1 "}', b'answer 1 ", "n": [1, 2]}', 1),      # an old entry differs at its end
+    lambda body: body.replace(b'"messages": [', b'"messages": [{"role": "user", "content": "first"}, ', 1),
+])
+def test_parse_memo_parses_a_value_that_only_begins_like_one_it_holds(change):
+    memo = jsonbody.ParseMemo()
+    body = _agent_round(7)
+    _parse_as_without_memo(body, memo)
+    changed = change(body)
+    assert changed != body
+    assert _parse_as_without_memo(changed, memo) == json.loads(changed)
+
+
+def test_parse_memo_refuses_a_body_that_breaks_after_what_it_repeats():
+    memo = jsonbody.ParseMemo()
+    body = _agent_round(7)
+    _parse_as_without_memo(body, memo)
+    for broken in (body.replace(b'], "system"', b' "system"'), body[:-1], body.replace(b'}]}, {"role"', b'}]} {"role"', 3)):
+        with pytest.raises(ClientError) as want:
+            jsonbody.json_object_of(broken)
+        with pytest.raises(ClientError) as got:
+            jsonbody.json_object_with_members(broken, ("messages",), memo)
+        assert (got.value.status, got.value.message) == (want.value.status, want.value.message)
+
+
+def test_parse_memo_stays_within_its_bytes_and_keeps_the_newest():
+    memo = jsonbody.ParseMemo(max_bytes=200_000)
+    for n in range(30):   # thirty conversations, each its own tools
+        _parse_as_without_memo(_agent_round(6, tools=f"tools{n}"), memo)
+        assert 0 < memo.size <= 200_000
+    assert memo.size == sum(r[2] for records in memo._records.values() for r in records)
+    before = memo.reused
+    _parse_as_without_memo(_agent_round(6, tools="tools29"), memo)
+    assert memo.reused - before >= 10
+
+
+def test_parse_memo_gives_what_json_gives_for_random_conversations():
+    import random
+    rng = random.Random(20261203)
+    memo = jsonbody.ParseMemo(max_bytes=1 << 20, min_chars=16)   # small values too, to exercise more records
+    words = ["a", "\u00e9t\u00e9", "\\", '"', "\U0001f600", "\ud800", "\n", "x" * 40, "1e400", "-0.0"]
+    conversations = [[] for _ in range(3)]
+    for _ in range(300):
+        messages = rng.choice(conversations)
+        if messages and rng.random() < 0.2:
+            del messages[rng.randrange(len(messages)):]   # a client that edits an earlier turn
+        messages.append({"role": rng.choice(["user", "assistant"]),
+                         "content": [{"type": "text", "text": " ".join(rng.choice(words) for _ in range(20))}
+                                     for _ in range(rng.randint(1, 3))]})
+        if rng.random() < 0.5:
+            messages[-1]["cache_control"] = {"type": "ephemeral"}
+        value = {"model": "m", "messages": messages, "n": rng.choice([1.5, -0.0, 10 ** 30, None, True])}
+        separators = rng.choice([(",", ":"), (", ", ": ")])
+        try:   # a lone surrogate can only come as an escape
+            body = json.dumps(value, ensure_ascii=rng.random() < 0.5, separators=separators).encode()
+        except UnicodeEncodeError:
+            body = json.dumps(value, separators=separators).encode()
+        _parse_as_without_memo(body, memo)
+        for entry in messages:
+            entry.pop("cache_control", None)
+    assert memo.reused > 300

@@ -791,6 +791,50 @@ def test_a_tool_round_reuses_its_turns_context_and_an_edited_prefix_retrieves_af
     assert outcomes == ["retrieved", "cached", "retrieved"]
 
 
+def test_an_agent_loop_sends_upstream_what_it_would_with_nothing_remembered_of_its_bodies(rag_proxy, fake):
+    """Each round of a Claude Code loop repeats the last one's body (App.parsed copies those
+    values instead of parsing them); what goes upstream is, byte for byte, what it is when the
+    same rounds come again to a proxy that remembers nothing of the bodies it read."""
+    client = anthropic.Anthropic(base_url=rag_proxy.url, api_key=API_KEY, max_retries=0)
+    reminder = {"type": "text", "text": "<system-reminder>\n" + "Follow the conventions. " * 30 + "</system-reminder>"}
+    tools = [{"name": f"Tool{n}", "description": "Reads things. " * 60,
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}} for n in range(3)]
+    system = [{"type": "text", "text": "You are Claude Code. " * 60, "cache_control": {"type": "ephemeral"}}]
+    messages = [{"role": "user", "content": [reminder, {"type": "text", "text": "what does the purple elephant do?",
+                                                        "cache_control": {"type": "ephemeral"}}]}]
+    rounds = []
+    for n in range(5):
+        rounds.append(copy.deepcopy(messages))
+        for message in messages:   # Claude Code moves the mark on to the newest entry
+            for part in message["content"]:
+                part.pop("cache_control", None)
+        messages += [{"role": "assistant", "content": [{"type": "text", "text": "Reading the file. " * 40},
+                                                       {"type": "tool_use", "id": f"toolu_{n}", "name": "Tool0",
+                                                        "input": {"path": f"src/{n}.py"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n}",
+                                                   "content": f"line {n}\n" * 100,
+                                                   "cache_control": {"type": "ephemeral"}}]}]
+    edited = copy.deepcopy(rounds[-1])   # a client that rewinds: the question is not what it was
+    edited[0]["content"][1]["text"] = "when does the purple elephant go?"   # as long: no bracket out of place
+    rounds.append(edited)
+
+    def send_all():
+        sent = []
+        for turn in rounds:
+            client.messages.create(model="llama3", max_tokens=64, system=system, tools=tools, messages=turn)
+            sent.append(fake.last.body)
+        return sent
+
+    remembered = send_all()
+    assert rag_proxy.app.parsed.reused >= 4 * (2 + 1)   # tools, system and entries of every later round
+    assert SECRET in remembered[-1].decode()
+    rag_proxy.app.parsed = jsonbody.ParseMemo(max_bytes=0)   # keeps nothing
+    assert send_all() == remembered and rag_proxy.app.parsed.reused == 0
+    outcomes = [row["outcome"] for row in logged_rows(rag_proxy.app, 12)][::-1]
+    # The rewound question is a turn of its own; the second time round, one already seen.
+    assert outcomes == ["retrieved"] + ["cached"] * 4 + ["retrieved"] * 2 + ["cached"] * 5
+
+
 def without_cache_control(value):
     if isinstance(value, dict):
         return {k: without_cache_control(v) for k, v in value.items() if k != "cache_control"}
