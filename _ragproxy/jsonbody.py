@@ -207,6 +207,9 @@ class Members:
 # copies it).
 PARSE_MEMO_BYTES = 32 << 20
 PARSE_MEMO_MIN_CHARS = 512
+# The smallest body worth reading through a memo whatever it is for: below it
+# the parse is too cheap for copies to win back what keeping them costs.
+PARSE_MEMO_MIN_BODY = 16 << 10
 # How much of a value's text names its records: the rest is compared, not hashed.
 _MEMO_HEAD = 128
 # Records kept under one name: Claude Code opens every human turn with the same

@@ -42,7 +42,7 @@ from .api import (
     split_key_prefix,
 )
 from .config import ModelRoute, Provider, key_allows_kb, key_allows_model
-from .jsonbody import ParseMemo, json_object_of, json_object_with_members, leading_model, with_edits, with_model
+from .jsonbody import PARSE_MEMO_MIN_BODY, ParseMemo, json_object_of, json_object_with_members, leading_model, with_edits, with_model
 from .kb import KnowledgeBases
 from .levers import Runner as CompressionRunner
 from .levers import Selector as CompressionSelector
@@ -132,7 +132,7 @@ class App:
         self._mcp = None   # the MCP endpoint's server, made on its first request
         self._mcp_lock = threading.Lock()
         self._routes = (None, {})  # (config, model name -> route): resolved once per config
-        self.parsed = ParseMemo()   # what the bodies retrieval reads repeat of each other (agent loops)
+        self.parsed = ParseMemo()   # what large bodies, and those retrieval reads, repeat of earlier ones
         if data_dir:
             self.knowledge_bases = KnowledgeBases(config, data_dir, self.http, clock, on_report=self._observe_index)
             try:
@@ -388,7 +388,9 @@ class App:
         if not request.body:
             raise ClientError(400, "request body is empty; expected a JSON object")
         members = None
-        if self._may_retrieve(request):
+        # A large body is most likely an agent loop's, which repeats its last round's: whatever
+        # its route, copying what it repeats (App.parsed) is cheaper than parsing it all.
+        if len(request.body) >= PARSE_MEMO_MIN_BODY or self._may_retrieve(request):
             payload, members = json_object_with_members(request.body, ("messages", "input"), self.parsed)
         else:
             payload = json_object_of(request.body)

@@ -83,6 +83,24 @@ def test_model_rename_to_upstream_model(openai_client, fake):
     assert reply.choices[0].message.content == "ECHO: who am i"
 
 
+def test_a_large_conversation_repeated_is_read_from_what_it_repeats_and_forwarded_as_sent(proxy, fake):
+    """Bodies of an agent loop's size go through App.parsed whatever the model: the rounds after
+    the first have their tools and earlier messages copied, and still go upstream byte for byte."""
+    tools = [{"type": "function", "function": {"name": f"tool_{n}", "description": "Reads a file. " * 80,
+                                               "parameters": {"type": "object"}}} for n in range(12)]
+    messages = [{"role": "system", "content": "You are a coding agent. " * 100}]
+    for n in range(4):
+        messages.append({"role": "user", "content": f"step {n}: " + "explain the change " * 60})
+        body = json.dumps({"messages": messages, "tools": tools, "z": 1.50, "model": "gpt-4o"}).encode()
+        assert len(body) >= 16 << 10
+        before = proxy.app.parsed.reused
+        assert _post_raw(proxy, "/v1/chat/completions", body) == 200
+        assert fake.last.body == body
+        if n:
+            assert proxy.app.parsed.reused - before >= 2   # the tools, and the entries the last round had
+        messages.append({"role": "assistant", "content": "done " * 120})
+
+
 def test_model_rename_keeps_every_other_byte_of_the_body(proxy, fake):
     rest = b'"messages" :[{"role":"user","content":"caf\\u00e9 \xc3\xa9"}],"n":1.50,"big":1e400,"z":[ 1 ]}'
     assert _post_raw(proxy, "/v1/chat/completions", b'{ "model" : "gpt-renamed",\n ' + rest) == 200
