@@ -42,7 +42,15 @@ from .api import (
     split_key_prefix,
 )
 from .config import ModelRoute, Provider, key_allows_kb, key_allows_model
-from .jsonbody import PARSE_MEMO_MIN_BODY, ParseMemo, json_object_of, json_object_with_members, leading_model, with_edits, with_model
+from .jsonbody import (
+    PARSE_MEMO_MIN_BODY,
+    ParseMemo,
+    json_object_of,
+    json_object_with_members,
+    leading_model,
+    with_edits,
+    with_model,
+)
 from .kb import KnowledgeBases
 from .levers import Runner as CompressionRunner
 from .levers import Selector as CompressionSelector

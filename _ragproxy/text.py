@@ -531,7 +531,7 @@ class BM25Index:
         # One query is scored at a time: concurrent ones (a proxy's threads) contend for the GIL,
         # which numpy drops and takes back around each array operation, and for the cache, each
         # with its own scores array.  Measured (bench/proxy_overhead.py, 16 clients, a new
-        # question each request, 80k chunks): CPU per request fell by a third with this lock.
+        # question each request, 80k chunks): CPU per request about halved with this lock.
         self._scoring = threading.Lock()
 
     def __len__(self):
