@@ -218,6 +218,8 @@ _MEMO_ALTERNATIVES = 4
 # The newest entries a run leaves out: clients mark them for prompt caching,
 # and the next round moves the mark on.
 _RUN_LEAVES_OUT = 2
+# What a value a record can hold begins with: each closes with its own bracket or quote.
+_MEMO_OPENERS = frozenset('{["')
 
 
 class ParseMemo:
@@ -250,22 +252,21 @@ class ParseMemo:
         self._records = OrderedDict()
         self._lock = threading.Lock()
 
-    def __len__(self):
-        return sum(len(records) for records in self._records.values())
-
     def scan(self, text, pos, slot):
         """``(value, end)`` for the JSON value at ``text[pos]``, as json's scanner gives it.
 
         ``slot`` names where the value is: a top-level key, or ``(key,)`` for
         the entries of the array under it.
         """
+        if text[pos] not in _MEMO_OPENERS:   # a number or literal: nothing to look up or keep
+            return _scan_json(text, pos)
         head = text[pos:pos + _MEMO_HEAD]
         for record in self._records.get((slot, head), ()):
             if text.startswith(record[0], pos):
                 self.reused += 1
                 return marshal.loads(record[1]), pos + len(record[0])
         value, end = _scan_json(text, pos)
-        if end - pos >= self.min_chars and head[0] in '{["':
+        if end - pos >= self.min_chars:
             self._keep((slot, head), text[pos:end], value)
         return value, end
 
