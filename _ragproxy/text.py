@@ -479,6 +479,13 @@ def _gc_paused():
 # Relative slack when comparing score bounds, far above float32/float64
 # rounding, so pruning never drops a document that could still make the top k.
 _BOUND_SLACK = 1e-6
+# After a failed try at the pruning threshold, the next try waits until what the
+# terms still to come can add has halved: a try costs a partition of a term's
+# postings, and trying at every term was a fifth of a 27-term query's time.
+# Measured on an 80k-chunk index (mean per query, exact same results): a
+# Claude Code prompt 400 -> 295 us, 8 SciFact claims at once 410 -> 250 us,
+# one claim 150 -> 130 us, a CoSQA query 85 -> 80 us.
+_RETRY_SHRINK = 0.5
 
 
 class BM25Index:
@@ -725,6 +732,7 @@ class BM25Index:
         cands = None      # once set, only these documents can still make the top k
         theta = 0.0       # a lower bound on the final k-th best score
         done = 0.0        # sum of the bounds of the terms scored in full
+        retry_below = math.inf   # theta is tried again once rest[j] drops under this (_RETRY_SHRINK)
         for j, (bound, tid, count) in enumerate(terms):
             lo, hi = int(indptr[tid]), int(indptr[tid + 1])
             if lo == hi:
@@ -736,13 +744,15 @@ class BM25Index:
             if cands is None:
                 scores[docs] += w
                 done += bound
-                if rest[j] and done > rest[j] and hi - lo >= top_k:
+                if rest[j] and done > rest[j] and rest[j] < retry_below and hi - lo >= top_k:
                     # The k-th best among this term's documents bounds the
                     # final k-th best from below: scores only grow.
                     part = scores[docs]
                     theta = max(theta, float(np.partition(part, len(part) - top_k)[len(part) - top_k]))
                     if theta > rest[j] * (1 + _BOUND_SLACK):
                         cands = np.flatnonzero(scores >= theta - rest[j] * (1 + _BOUND_SLACK))
+                    else:
+                        retry_below = rest[j] * _RETRY_SHRINK
             elif len(cands) * 8 < hi - lo:
                 pos = np.searchsorted(docs, cands)
                 np.minimum(pos, len(docs) - 1, out=pos)
@@ -767,6 +777,7 @@ class BM25Index:
         acc = {}
         pruned = False
         done = 0.0
+        retry_below = math.inf
         for j, (bound, tid, count) in enumerate(terms):
             lo, hi = indptr[tid], indptr[tid + 1]
             ws = weights[lo:hi]
@@ -780,12 +791,14 @@ class BM25Index:
                 else:
                     acc = dict(zip(doc_ids[lo:hi], ws))
                 done += bound
-                if rest[j] and done > rest[j] and len(acc) >= top_k:
+                if rest[j] and done > rest[j] and rest[j] < retry_below and len(acc) >= top_k:
                     theta = heapq.nlargest(top_k, acc.values())[-1]
                     if theta > rest[j] * (1 + _BOUND_SLACK):
                         floor = theta - rest[j] * (1 + _BOUND_SLACK)
                         acc = {d: s for d, s in acc.items() if s >= floor}
                         pruned = True
+                    else:
+                        retry_below = rest[j] * _RETRY_SHRINK
             elif len(acc) * 16 < hi - lo:
                 bisect = _bisect_left
                 for d in acc:

@@ -318,6 +318,8 @@ def random_corpus(seed, n_docs=400):
     queries = [rng.choices(vocab, weights, k=rng.randint(1, 8)) + rng.sample(vocab, 2)
                for _ in range(120)]
     queries.append(["t0", "t0", "t1", "unknown"])
+    # As long as a coding agent's prompt: the pruning threshold is tried, fails and waits.
+    queries += [rng.choices(vocab, weights, k=25) + rng.sample(vocab, 5) for _ in range(20)]
     return docs, queries
 
 
