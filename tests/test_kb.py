@@ -5,13 +5,16 @@ sockets) as the embedding server where dense search is tested; one test
 SIGKILLs `ragproxy.py index` in a subprocess.  Fusion of the ranked lists is
 test_fusion's; .gitignore and glob rules are test_sources's.
 """
+import importlib.util
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
 
 import ragproxy
-from _ragproxy import docfolder
+from _ragproxy import deps, docfolder
 from _ragproxy.kb import _kb_spec
 from _ragproxy.vectorstore import StoreSpec
 from fake_upstream import FakeUpstream
@@ -519,6 +522,27 @@ def test_start_creates_every_configured_kbs_documents_folder(tmp_path):
         assert (tmp_path / "documents" / "added").is_dir()
     finally:
         kbs.stop(wait=30)
+
+
+def test_a_serving_kbs_imports_numpy_before_any_search_and_a_command_never(tmp_path):
+    """start() (the server's) imports numpy off the request path, so no first search runs on a
+    loaded index's pure path; constructing them (a one-shot CLI command) imports nothing."""
+    code = (
+        "import sys, ragproxy\n"
+        "kbs = ragproxy.KnowledgeBases(ragproxy.Config.from_text(sys.argv[1], environ={}), sys.argv[2])\n"
+        "before = 'numpy' in sys.modules\n"
+        "kbs.start()\n"
+        "kbs.stop(wait=30)\n"
+        "print(before, 'numpy' in sys.modules)\n")
+    text = UNDECLARED + "knowledge_bases:\n  docs: {}\n"
+    write(str(tmp_path / "documents" / "docs" / "a.md"), "# Install\n\nRun the installer, then restart.\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for _ in ("index", "restart"):   # the restart finds the index current: nothing for numpy to build
+        out = subprocess.run([sys.executable, "-c", code, text, str(tmp_path)], cwd=root, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    numpy_usable = importlib.util.find_spec("numpy") is not None and not deps.pure_mode()
+    assert out.stdout.split() == ["False", str(numpy_usable)]
 
 
 # -- guardrails.redact at: index ---------------------------------------------------------------
