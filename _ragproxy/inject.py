@@ -36,6 +36,7 @@ May import: nothing (the standard library only).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -150,6 +151,34 @@ def _last_human(fmt, seq):
     return None
 
 
+_NOT_LOOKED_FOR = object()
+
+
+class Conversation:
+    """A request's conversation as this module reads it: the format, the entries (or a bare
+    prompt's str), and the index of the last human turn, found on first use and kept.
+
+    extract_query, question_text, turn_key, continues_turn and inject each take one as
+    ``conversation``: a caller that asks several of them about one request finds that turn
+    once (each walk classifies the content parts of every entry after it).  It describes the
+    payload as it stood: make another after anything edits it (inject does).
+    """
+
+    __slots__ = ("fmt", "seq", "_last")
+
+    def __init__(self, endpoint, payload):
+        view = _conversation(endpoint, payload)
+        self.fmt, self.seq = view if view is not None else (None, None)
+        self._last = _NOT_LOOKED_FOR
+
+    @property
+    def last_human(self):
+        """Index of the last human turn in the entries; None when there is none (or no entries)."""
+        if self._last is _NOT_LOOKED_FOR:
+            self._last = _last_human(self.fmt, self.seq) if isinstance(self.seq, list) else None
+        return self._last
+
+
 def _human_text(content):
     texts = (_part_text(p) for p in _content_parts(content))
     return "\n\n".join(t for t in (_strip_harness(t).strip() for t in texts if t is not None) if t)
@@ -178,19 +207,20 @@ def _all_text(value):
 
 # -- query ---------------------------------------------------------------------
 
-def extract_query(endpoint, payload, source="last_user", max_bytes=4000):
+def extract_query(endpoint, payload, source="last_user", max_bytes=4000, conversation=None):
     """The text to search the knowledge bases with ("" if there is none).
 
     ``source``: last_user (the last human turn), last_message (the last entry's
     text whatever its role, tool output included) or all_user (every human
     turn, oldest first).  ``max_bytes`` caps the UTF-8 size (None: no cap).
+    ``conversation``: the payload's Conversation, when the caller has one.
     """
     if source not in QUERY_SOURCES:
         raise ValueError("query source must be one of %s, got %r" % (", ".join(QUERY_SOURCES), source))
-    view = _conversation(endpoint, payload)
-    if view is None:
+    conversation = conversation or Conversation(endpoint, payload)
+    fmt, seq = conversation.fmt, conversation.seq
+    if fmt is None:
         return ""
-    fmt, seq = view
     if isinstance(seq, str):
         return _cap_ends(_strip_harness(seq).strip(), max_bytes)
     if source == "all_user":
@@ -199,15 +229,15 @@ def extract_query(endpoint, payload, source="last_user", max_bytes=4000):
     if source == "last_message":
         text = _all_text(seq[-1]) if seq else ""
     else:
-        i = _last_human(fmt, seq)
+        i = conversation.last_human
         text = "" if i is None else _human_text(seq[i].get("content"))
     return _cap_ends(text, max_bytes)
 
 
-def question_text(endpoint, payload):
+def question_text(endpoint, payload, conversation=None):
     """The person's words in the last human turn, whole: what ``{query}`` stands for
     where the rendered template takes their place (inject's ``replaces_question``)."""
-    return extract_query(endpoint, payload, "last_user", None)
+    return extract_query(endpoint, payload, "last_user", None, conversation)
 
 
 def _utf8_head(b, n):
@@ -260,7 +290,7 @@ def _cap_ends(text, max_bytes):
 
 # -- turn key ------------------------------------------------------------------
 
-def turn_key(endpoint, payload, raw=None, seen=None):
+def turn_key(endpoint, payload, raw=None, seen=None, conversation=None):
     """sha256 hex of the conversation up to and including the last human turn.
 
     Every request of one agent loop only appends after that turn, so they share
@@ -284,18 +314,18 @@ def turn_key(endpoint, payload, raw=None, seen=None):
     ``seen``, a cache with get and put (the retriever's), remembers the raw
     texts of recent turns with their keys: every round of an agent loop sends
     the same prefix, and comparing it with the one seen costs a tenth of
-    hashing it again.
+    hashing it again.  ``conversation``: the payload's Conversation, when the caller has one.
     """
-    view = _conversation(endpoint, payload)
-    if view is None:
+    conversation = conversation or Conversation(endpoint, payload)
+    fmt, seq = conversation.fmt, conversation.seq
+    if fmt is None:
         return None
-    fmt, seq = view
     if isinstance(seq, str):
         if not _strip_harness(seq).strip():
             return None
         prefix, upto, marked = [seq], None, None
     else:
-        i = _last_human(fmt, seq)
+        i = conversation.last_human
         if i is None:
             return None
         prefix, upto = seq[:i + 1], i
@@ -359,7 +389,7 @@ _SEEN_TAIL = 256
 _MODEL_ROLES = frozenset(("assistant", "tool", "function"))
 
 
-def continues_turn(endpoint, payload):
+def continues_turn(endpoint, payload, conversation=None):
     """Whether the request goes on past its last human turn with the model's own turns:
     an assistant message, a tool result message or (Responses) a non-message item such
     as function_call_output.
@@ -368,12 +398,11 @@ def continues_turn(endpoint, payload):
     was already answered (and given context) at least once.  A request that ends
     in the human turn, or in harness text after it, starts the turn: a new chat
     that asks an old question, or a retry.
+    ``conversation``: the payload's Conversation, when the caller has one.
     """
-    view = _conversation(endpoint, payload)
-    if view is None or isinstance(view[1], str):
-        return False
-    fmt, seq = view
-    i = _last_human(fmt, seq)
+    conversation = conversation or Conversation(endpoint, payload)
+    fmt, seq = conversation.fmt, conversation.seq
+    i = conversation.last_human   # None for a bare prompt too
     if i is None:
         return False
     for item in seq[i + 1:]:
@@ -561,6 +590,7 @@ def fill_template(template, context, query):
     return _fill_template(template, {"context": context, "query": query})
 
 
+@functools.lru_cache(maxsize=64)   # asked on every retrieval, of the few templates a config names
 def uses_query(template):
     """Whether ``template`` has a ``{query}`` placeholder (``{{query}}`` is literal text)."""
     return any(m.group(1) == "query" for m in _TEMPLATE_FIELD_RE.finditer(template))
@@ -601,7 +631,7 @@ def _largest_fitting(hi, ok):
 
 # -- injection -----------------------------------------------------------------
 
-def inject(endpoint, payload, text, mode="before_last_user", replaces_question=False):
+def inject(endpoint, payload, text, mode="before_last_user", replaces_question=False, conversation=None):
     """Put ``text`` into ``payload`` (changed in place); the paths it changed, () if none.
 
     A path is a top-level key, ``("system",)``, whose value changed or is new,
@@ -623,14 +653,15 @@ def inject(endpoint, payload, text, mode="before_last_user", replaces_question=F
     then), nor into a system prompt of a type no API accepts (the upstream
     answers that request).  Where a request has no message list (Ollama
     generate, a Responses string input) new_message prefixes the prompt like
-    before_last_user.
+    before_last_user.  ``conversation``: the payload's Conversation, when the caller has one
+    (it is stale afterwards).
     """
     if mode not in INJECT_MODES:
         raise ValueError("inject mode must be one of %s, got %r" % (", ".join(INJECT_MODES), mode))
-    view = _conversation(endpoint, payload)
-    if view is None or not text or (endpoint == "ollama_generate" and payload.get("raw")):
+    conversation = conversation or Conversation(endpoint, payload)
+    fmt, seq = conversation.fmt, conversation.seq
+    if fmt is None or not text or (endpoint == "ollama_generate" and payload.get("raw")):
         return ()
-    fmt, seq = view
     replace = replaces_question and mode in _USER_TURN_MODES
     if isinstance(seq, str):
         if not _strip_harness(seq).strip():
@@ -639,7 +670,7 @@ def inject(endpoint, payload, text, mode="before_last_user", replaces_question=F
             payload[fmt.turns] = _prefix_string(seq, text, replace)
             return ((fmt.turns,),)
         return _add_system(fmt, payload, text, mode == "system_prepend")
-    i = _last_human(fmt, seq)
+    i = conversation.last_human
     if i is None:
         return ()
     if mode == "before_last_user":

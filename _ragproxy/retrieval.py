@@ -37,6 +37,7 @@ from .fusion import reciprocal_ranks
 from .guard import Guard
 from .inject import (
     DEFAULT_CHUNK_TEMPLATE,
+    Conversation,
     continues_turn,
     estimate_tokens_text,
     extract_query,
@@ -609,11 +610,12 @@ class Retriever:
         clock = time.perf_counter
         started = clock()
         in_place = route.inject_mode in _USER_TURN_MODES and uses_query(rag["inject_template"])
+        conversation = Conversation(endpoint, payload)   # its last human turn found once, for all five
         try:
-            query = extract_query(endpoint, payload, rag["query_source"], rag["max_query_bytes"])
-            turn = turn_key(endpoint, payload, self._raw_prefix(exchange), self.turn_texts)
-            question = question_text(endpoint, payload) if in_place else query
-            later_round = bool(turn) and continues_turn(endpoint, payload)
+            query = extract_query(endpoint, payload, rag["query_source"], rag["max_query_bytes"], conversation)
+            turn = turn_key(endpoint, payload, self._raw_prefix(exchange), self.turn_texts, conversation)
+            question = question_text(endpoint, payload, conversation) if in_place else query
+            later_round = bool(turn) and continues_turn(endpoint, payload, conversation)
         except RecursionError:  # nesting that json parsed with a few levels to spare
             raise ClientError(400, _TOO_DEEP) from None
         modes = sorted({self.kbs.get(n).spec.retrieval for n in names})
@@ -647,8 +649,8 @@ class Retriever:
             if not found.text:
                 exchange.retrieval["outcome"] = "over_budget"
         try:
-            edits = inject(endpoint, payload, found.text, route.inject_mode, found.replaces_question) \
-                if found.text else ()
+            edits = inject(endpoint, payload, found.text, route.inject_mode, found.replaces_question,
+                           conversation) if found.text else ()
         except RecursionError:
             raise ClientError(400, _TOO_DEEP) from None
         if edits:

@@ -13,7 +13,7 @@ import pytest
 import ragproxy
 from _ragproxy import jsonbody
 from _ragproxy.api import ClientError
-from _ragproxy.inject import continues_turn, fill_template, question_text, render_chunks, uses_query
+from _ragproxy.inject import Conversation, continues_turn, fill_template, question_text, render_chunks, uses_query
 
 CONTEXT = "Reference material.\n<context>\n[1] docs/retry.md (abc123)\nUse Retry(total=3).\n</context>\n"
 REMINDER = ("<system-reminder>\nAs you answer the user's questions, you can use the following context:\n"
@@ -749,6 +749,24 @@ def test_inject_names_every_path_it_changed(endpoint, body, mode, replace):
         assert len(payload[key]) == len(value)
         kept = [json.dumps(item, indent=1).encode() in sent for item in value]
         assert kept == [i not in edited for i in range(len(value))], key
+
+
+@pytest.mark.parametrize("mode", ragproxy.INJECT_MODES)
+@pytest.mark.parametrize("endpoint,body", PATH_CASES + [("messages", claude_code_request(2)),
+                                                       ("messages", claude_code_request(0))])
+def test_one_conversation_shared_by_every_function_answers_as_each_alone(endpoint, body, mode):
+    """What the retriever does: one Conversation for a request, its last human turn found once."""
+    alone, shared = copy.deepcopy(body), copy.deepcopy(body)
+    conversation = Conversation(endpoint, shared)
+    for source in ragproxy.QUERY_SOURCES:
+        assert ragproxy.extract_query(endpoint, shared, source, 4000, conversation) == \
+            ragproxy.extract_query(endpoint, alone, source)
+    assert question_text(endpoint, shared, conversation) == question_text(endpoint, alone)
+    assert ragproxy.turn_key(endpoint, shared, conversation=conversation) == ragproxy.turn_key(endpoint, alone)
+    assert continues_turn(endpoint, shared, conversation) == continues_turn(endpoint, alone)
+    assert ragproxy.inject(endpoint, shared, CONTEXT, mode, True, conversation) == \
+        ragproxy.inject(endpoint, alone, CONTEXT, mode, True)
+    assert shared == alone
 
 
 # -- the agent-loop invariant ---------------------------------------------------
