@@ -333,16 +333,20 @@ class Child:
         stream = self.proc.stdout if port_pattern is None else self.proc.stderr
         pattern = re.compile(port_pattern or r"^PORT (\d+)")
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            line = stream.readline()
-            if not line:
-                break
-            if stream is self.proc.stderr:
-                self.stderr_lines.append(line)
-            m = pattern.search(line)
-            if m:
-                self.port = int(m.group(1))
-                break
+        try:
+            while time.monotonic() < deadline:
+                line = stream.readline()
+                if not line:
+                    break
+                if stream is self.proc.stderr:
+                    self.stderr_lines.append(line)
+                m = pattern.search(line)
+                if m:
+                    self.port = int(m.group(1))
+                    break
+        except BaseException:   # interrupted while it starts: nobody else knows of it yet
+            self.stop()
+            raise
         if self.port is None:
             self.stop()
             rest = "".join(self.stderr_lines) + self.proc.stderr.read()
@@ -532,16 +536,21 @@ class PeerChild:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self.pid = self.proc.pid
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
-                    sock.sendall(b"GET /health/liveliness HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                    if sock.recv(16).startswith(b"HTTP/1."):
-                        return
-            except OSError:
-                time.sleep(0.3)
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                try:
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
+                        sock.sendall(b"GET /health/liveliness HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                     b"Connection: close\r\n\r\n")
+                        if sock.recv(16).startswith(b"HTTP/1."):
+                            return
+                except OSError:
+                    time.sleep(0.3)
+        except BaseException:   # interrupted while it starts: nobody else knows of it yet
+            self.stop()
+            raise
         self.stop()
         with open(log_path, "rb") as f:
             tail = f.read()[-2000:].decode("utf-8", "replace")
@@ -1327,6 +1336,10 @@ def _parse_args(argv):
     return opts
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None):
     opts = _parse_args(sys.argv[1:] if argv is None else argv)
     if opts.role == "upstream":
@@ -1367,6 +1380,9 @@ def main(argv=None):
     workdir = tempfile.mkdtemp(prefix="ragproxy-bench-")
     upstream = proxies = spy = relay = floor = None
     results, absent, kb_facts, peer_versions = [], {}, {}, {}
+    # A SIGTERM (a CI step's timeout, kill) unwinds as Ctrl-C does, through the finally below
+    # that stops every child: the peers run in sessions of their own and outlived the bench.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         upstream = Child([opts.python, os.path.abspath(__file__), "--role", "upstream"], dict(os.environ),
                          None, "fake upstream")

@@ -7,8 +7,10 @@ the ragproxy.py this suite is testing.  No timing is asserted.
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -271,6 +273,49 @@ def test_proxy_overhead_runs_every_side_with_a_compare_copy():
         assert "added_p50_ms" in rows[(scenario, "compare-1")]
     assert rows[("stream", "ragproxy")]["first_p50_ms"] is not None
     assert "compare-1: " + ragproxy.__file__ in proc.stdout
+
+
+def _descendants(pid):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rpartition(b")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process tree from /proc")
+def test_proxy_overhead_stops_every_child_on_sigterm():
+    """A CI step's timeout sends SIGTERM: the fake upstream and the proxies go with the bench."""
+    cmd = [sys.executable, os.path.join(BENCH, "proxy_overhead.py"), "--scenarios", "chat", "--clients", "1",
+           "--seconds", "120", "--rounds", "1", "--warmup", "0", "--sides", "relay,ragproxy",
+           "--ragproxy", ragproxy.__file__]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        children = []
+        while time.monotonic() < deadline and len(children) < 3:   # upstream, relay, ragproxy
+            time.sleep(0.2)
+            children = _descendants(proc.pid)
+        assert len(children) >= 3, children
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    time.sleep(0.5)
+    alive = [pid for pid in children if os.path.exists(f"/proc/{pid}") and
+             open(f"/proc/{pid}/stat", "rb").read().rpartition(b")")[2].split()[0] != b"Z"]
+    assert alive == []
 
 
 def test_proxy_overhead_fresh_asks_a_new_question_in_every_request_of_one_length():
