@@ -516,8 +516,9 @@ class BM25Index:
 
     #: Postings below which a loaded index scores in pure Python rather than import numpy for it:
     #: the pure path sums ~10 million postings a second here, importing numpy takes ~50 ms.  They
-    #: add up over the index's queries, so a server, whose queries pay for the import many times
-    #: over, goes over to numpy after about that long in the pure path, and a one-shot search stays.
+    #: add up over the index's queries, so a process that keeps asking (``mcp --stdio``) goes over
+    #: to numpy after about that long in the pure path, and a one-shot search stays.  ``serve``
+    #: imports numpy as it starts (KnowledgeBases.start), its first search already past this.
     NUMPY_MIN_POSTINGS = 500_000
 
     def __init__(self, vocab, indptr, doc_ids, weights, max_weights, n_docs,
