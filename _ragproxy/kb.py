@@ -24,8 +24,8 @@ here: the same generations without vectors, so lexical search and the BM25
 half of hybrid run exactly as on the built-in store; dense top-k asks Chroma
 (chromastore.ChromaKB).
 
-May import: chromastore, chunking, defaults, deps, docfolder, documents, embeddings, files, fusion, redact, sources,
-store, text, upstream, vectorstore.
+May import: bm25, chromastore, chunking, defaults, deps, docfolder, documents, embeddings, files, fusion, redact,
+sources, store, text, upstream, vectorstore.
 """
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ from .files import atomic_write
 from .fusion import FUSION_DEPTH, rrf, zscore_fusion
 from .sources import scan_roots, source_roots
 from .store import ForwardIndex, KBStore
-from .text import ANALYZER_VERSION, Analyzer, BM25Index
+from .bm25 import BM25Index
+from .text import ANALYZER_VERSION, Analyzer
 from .vectorstore import BuiltinStore, StoreSpec, VectorStoreError
 
 log = logging.getLogger("ragproxy")

@@ -10,7 +10,7 @@ standard .npy v1.0 file that numpy.load opens.  ForwardIndex holds the term
 counts per chunk a knowledge base stores in each generation (fwd_*.npy),
 from which the next generation's BM25 is rebuilt without re-reading text.
 
-May import: dense, deps, files, npy, text.
+May import: bm25, dense, deps, files, npy.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from . import deps
 from .dense import binary_width, compact_rows, dense_top_k, dense_top_k_binary, dense_top_k_compact, normalise_rows
 from .files import atomic_write, fsync_path, temp_name_of
 from .npy import NpyAppender, NpyArray, StoreError, npy_read_array, npy_write_array
-from .text import BM25Index
+from .bm25 import BM25Index
 
 log = logging.getLogger("ragproxy")
 

@@ -219,7 +219,7 @@ def test_a_lexical_search_loads_neither_the_server_nor_uploads_nor_numpy(tmp_pat
     (tmp_path / "data" / "config").mkdir(parents=True)   # search creates no data directory
     ragproxy.write_default_config(str(tmp_path / "data" / "config" / "config.yaml"))
     loaded = _modules_after(["search", "docs", "retry policy", "--data-dir", str(tmp_path / "data")], tmp_path)
-    assert {"_ragproxy.kb", "_ragproxy.store", "_ragproxy.text", "_ragproxy.config"} <= loaded
+    assert {"_ragproxy.kb", "_ragproxy.store", "_ragproxy.text", "_ragproxy.bm25", "_ragproxy.config"} <= loaded
     unused = {"_ragproxy.admin", "_ragproxy.uploads", "_ragproxy.proxy", "_ragproxy.server", "_ragproxy.reqlog",
               "_ragproxy.chunking", "_ragproxy.documents", "numpy", "pypdf"}
     assert not loaded & unused, sorted(loaded & unused)
