@@ -307,7 +307,8 @@ def test_load_rejects_mismatched_files(tmp_path):
 
 @needs_numpy
 def test_a_loaded_index_goes_over_to_numpy_once_its_queries_have_summed_enough_postings(tmp_path, monkeypatch):
-    """A server's queries pay for importing numpy between them: the postings add up over queries."""
+    """A process that keeps asking without a server (mcp --stdio) pays for importing numpy between its
+    queries: the postings add up over them."""
     docs, queries = random_corpus(7)
     BM25Index.build(docs).save(str(tmp_path))
     index = BM25Index.load(str(tmp_path))
