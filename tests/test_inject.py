@@ -13,7 +13,7 @@ import pytest
 import ragproxy
 from _ragproxy import jsonbody
 from _ragproxy.api import ClientError
-from _ragproxy.inject import Conversation, continues_turn, fill_template, question_text, render_chunks, uses_query
+from _ragproxy.inject import continues_turn, fill_template, question_text, render_chunks, uses_query
 
 CONTEXT = "Reference material.\n<context>\n[1] docs/retry.md (abc123)\nUse Retry(total=3).\n</context>\n"
 REMINDER = ("<system-reminder>\nAs you answer the user's questions, you can use the following context:\n"
@@ -757,7 +757,7 @@ def test_inject_names_every_path_it_changed(endpoint, body, mode, replace):
 def test_one_conversation_shared_by_every_function_answers_as_each_alone(endpoint, body, mode):
     """What the retriever does: one Conversation for a request, its last human turn found once."""
     alone, shared = copy.deepcopy(body), copy.deepcopy(body)
-    conversation = Conversation(endpoint, shared)
+    conversation = ragproxy.Conversation(endpoint, shared)
     for source in ragproxy.QUERY_SOURCES:
         assert ragproxy.extract_query(endpoint, shared, source, 4000, conversation) == \
             ragproxy.extract_query(endpoint, alone, source)
