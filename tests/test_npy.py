@@ -10,13 +10,13 @@ import os
 import struct
 
 import pytest
-import test_text
-from test_text import needs_numpy, numpy
+import test_bm25
+from test_bm25 import needs_numpy, numpy
 
 import ragproxy
 from _ragproxy import deps, npy
 
-pure = test_text.pure   # the fixture: read and write without numpy
+pure = test_bm25.pure   # the fixture: read and write without numpy
 
 NPY_CASES = [
     ("<f4", [[1.5, -2.25, 3.0e-7], [0.0, 1.0e20, -0.125]]),
