@@ -134,7 +134,7 @@ class IndexReport:
 class KnowledgeBase:
     """One knowledge base: its sources, its store and its search."""
 
-    def __init__(self, spec, data_dir, embedder=None, clock=time.time):
+    def __init__(self, spec, data_dir, embedder=None, clock=time.time, dense_scoring=None):
         self.spec = spec
         self.data_dir = os.path.abspath(data_dir)
         self.root = os.path.join(self.data_dir, "vectordb", spec.name)
@@ -151,6 +151,9 @@ class KnowledgeBase:
         self.vectors = self.chroma.store if self.chroma is not None else BuiltinStore(self.store)
         self._index_lock = threading.Lock()
         self._state_lock = threading.Lock()
+        # Taken around a dense scan of the built-in store: the KBs of one process share it
+        # (KnowledgeBases passes its own, a lock or a few slots), as they share numpy's BLAS threads.
+        self.dense_scoring = dense_scoring if dense_scoring is not None else threading.Lock()
         self._loaded = None  # (generation, bm25 index)
         self._redactor = None  # made on the first chunks to redact (spec.redact)
         self.status = {"state": "idle", "done": 0, "total": 0, "chunks": 0, "last_indexed": None,
@@ -567,8 +570,11 @@ class KnowledgeBase:
             started = clock()
             vector = self.embedder.embed_query(query)
             embedded = clock()
-            dense = generation.dense_search(vector, pool) if self.chroma is None else \
-                self.chroma.dense_rows(generation, vector, pool)
+            if self.chroma is None:
+                with self.dense_scoring:
+                    dense = generation.dense_search(vector, pool)
+            else:   # a request to Chroma: nothing here to serialise, and no lock held across it
+                dense = self.chroma.dense_rows(generation, vector, pool)
             timings["embed"] = timings.get("embed", 0.0) + embedded - started
             timings["dense"] = timings.get("dense", 0.0) + clock() - embedded
             if min_dense is not None:
@@ -800,10 +806,23 @@ class _EmbedBatch:
         self.changed = True
 
 
+_BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def dense_scan_slots(environ, cpus):
+    """How many dense scans may run at once: the CPUs over the threads BLAS gives each one,
+    as the first of _BLAS_THREADS set in ``environ`` says; unset, BLAS takes every CPU: 1."""
+    for name in _BLAS_THREADS:
+        value = environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return max(1, (cpus or 1) // int(value))
+    return 1
+
+
 class KnowledgeBases:
     """The configured knowledge bases, their embedders and the background indexer."""
 
-    def __init__(self, config, data_dir, http_pool=None, clock=time.time, on_report=None):
+    def __init__(self, config, data_dir, http_pool=None, clock=time.time, on_report=None, environ=None):
         self.data_dir = data_dir
         self.http = http_pool   # made when an embedding provider first needs one
         self.clock = clock
@@ -812,6 +831,13 @@ class KnowledgeBases:
         self._signatures = {}
         self._full_requested = set()
         self._lock = threading.Lock()
+        # Dense scans at once, process-wide: numpy's matrix-vector product runs on BLAS's own
+        # threads, and scans side by side oversubscribe them (bench/dense_threads.py, 80k x 384,
+        # 2 CPUs, 8 threads: 58 scans/s and 34 ms of CPU each side by side, 257/s and 7.7 ms one
+        # at a time).  Where BLAS is held to fewer threads than there are CPUs, as many scans
+        # as fit (OPENBLAS_NUM_THREADS=1: 319/s side by side, 158/s one at a time).
+        slots = dense_scan_slots(os.environ if environ is None else environ, os.cpu_count())
+        self._dense_scoring = threading.Lock() if slots == 1 else threading.BoundedSemaphore(slots)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = None
@@ -847,7 +873,8 @@ class KnowledgeBases:
                     embedders[provider] = EmbeddingClient(
                         provider, self.http, os.path.join(self.data_dir, "cache", "embedding"),
                         batch_size=provider.batch_size, max_concurrency=provider.max_concurrency)
-                kbs[name] = KnowledgeBase(spec, self.data_dir, embedder=embedders.get(provider), clock=self.clock)
+                kbs[name] = KnowledgeBase(spec, self.data_dir, embedder=embedders.get(provider), clock=self.clock,
+                                          dense_scoring=self._dense_scoring)
                 self._signatures[name] = signature
                 if name in config.undeclared_kbs:
                     _log_undeclared(name, config.undeclared_kbs[name], kbs[name].documents_dir)

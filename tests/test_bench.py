@@ -15,6 +15,7 @@ import time
 import pytest
 
 import ragproxy
+from _ragproxy import deps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
@@ -255,6 +256,19 @@ def test_startup_times_every_form_and_temperature_beside_a_bare_python(tmp_path)
     assert all(ms > 0 for ms in report["ms"].values()) and report["x_bare"]["python -c pass"] == 1.0
     assert len(report["verdicts"]) == 4 and "search: python ragproxy.pyz, warm" in report["ms"]
     assert (tmp_path / "kb" / "data" / "built-for").read_text() == "300"   # --kb-dir keeps the KB for next time
+
+
+# -- dense_threads.py ---------------------------------------------------------------
+
+@pytest.mark.skipif(ragproxy.FEATURES.get("numpy") is None or deps.pure_mode(), reason="needs numpy")
+def test_dense_threads_measures_both_sides_at_every_thread_count():
+    proc = run_script("dense_threads.py", "--rows", "3000", "--threads", "1,3", "--scans", "4", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    got = {(r["threads"], r["side"]) for r in report["results"]}
+    assert got == {(t, side) for t in (1, 3) for side in ("one at a time", "side by side")}
+    for row in report["results"]:
+        assert row["scans_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"] and row["cpu_us_per_scan"] > 0
 
 
 # -- proxy_overhead.py --------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 import ragproxy
 from _ragproxy import deps, docfolder
-from _ragproxy.kb import _kb_spec
+from _ragproxy.kb import _kb_spec, dense_scan_slots
 from _ragproxy.vectorstore import StoreSpec
 from fake_upstream import FakeUpstream
 
@@ -522,6 +522,43 @@ def test_start_creates_every_configured_kbs_documents_folder(tmp_path):
         assert (tmp_path / "documents" / "added").is_dir()
     finally:
         kbs.stop(wait=30)
+
+
+def test_the_kbs_of_a_process_scan_their_vectors_one_at_a_time(tmp_path):
+    """Dense scans run on numpy's BLAS threads, shared by the whole process: two at once oversubscribe
+    them, so every KB of one KnowledgeBases waits for the one lock (the bench figures are kb.py's)."""
+    with FakeUpstream() as fake:
+        text = UNDECLARED.replace("kb: [kb]", "kb: [a, b]").replace(
+            "providers:\n", f'providers:\n  embedding: {{e: {{type: openai, base_url: "{fake.url}/v1", model: m}}}}\n')
+        text += "knowledge_bases:\n  a: {retrieval: dense, embedding: e}\n  b: {retrieval: hybrid, embedding: e}\n"
+        for name in ("a", "b"):
+            write(str(tmp_path / "documents" / name / "x.md"), f"# {name}\n\nThe {name} service retries uploads.\n")
+        kbs = ragproxy.KnowledgeBases(ragproxy.Config.from_text(text, environ={}), str(tmp_path), environ={})
+        kbs.index_all()
+        a, b = kbs.get("a"), kbs.get("b")
+        assert a.dense_scoring is b.dense_scoring
+        found = []
+        searcher = threading.Thread(target=lambda: found.extend(b.search("which service retries uploads", 1)))
+        with a.dense_scoring:   # a's scan under way
+            searcher.start()
+            searcher.join(0.5)
+            assert searcher.is_alive() and not found   # b's scan waits for it
+        searcher.join(30)
+        assert not searcher.is_alive() and found[0].chunk["source"] == "b/x.md"
+        assert ragproxy.KnowledgeBase(b.spec, str(tmp_path)).dense_scoring is not a.dense_scoring   # a lone KB: its own
+
+
+def test_dense_scans_at_once_are_the_cpus_over_the_blas_threads_each_takes(tmp_path):
+    assert dense_scan_slots({}, 8) == 1   # BLAS left to itself takes every CPU
+    assert dense_scan_slots({"OPENBLAS_NUM_THREADS": "1"}, 8) == 8
+    assert dense_scan_slots({"OMP_NUM_THREADS": "2"}, 8) == 4
+    assert dense_scan_slots({"OPENBLAS_NUM_THREADS": "4", "OMP_NUM_THREADS": "1"}, 2) == 1
+    assert dense_scan_slots({"MKL_NUM_THREADS": "0", "OMP_NUM_THREADS": "x"}, None) == 1
+    kbs = ragproxy.KnowledgeBases(ragproxy.Config.from_text(UNDECLARED, environ={}), str(tmp_path),
+                                  environ={"OPENBLAS_NUM_THREADS": "1"})
+    slots = kbs.get("kb").dense_scoring
+    assert all(slots.acquire(blocking=False) for _ in range(os.cpu_count() or 1))
+    assert not slots.acquire(blocking=False)
 
 
 def test_a_serving_kbs_imports_numpy_before_any_search_and_a_command_never(tmp_path):
