@@ -312,9 +312,10 @@ def turn_key(endpoint, payload, raw=None, seen=None, conversation=None):
     retrieval but never takes two turns for one.
 
     ``seen``, a cache with get and put (the retriever's), remembers the raw
-    texts of recent turns with their keys: every round of an agent loop sends
-    the same prefix, and comparing it with the one seen costs a tenth of
-    hashing it again.  ``conversation``: the payload's Conversation, when the caller has one.
+    texts of recent turns with their keys, as sent and with the markers cut
+    (two entries when they differ): every round of an agent loop sends the
+    same prefix, and comparing it with the one seen costs a tenth of hashing
+    it again.  ``conversation``: the payload's Conversation, when the caller has one.
     """
     conversation = conversation or Conversation(endpoint, payload)
     fmt, seq = conversation.fmt, conversation.seq
@@ -323,28 +324,32 @@ def turn_key(endpoint, payload, raw=None, seen=None, conversation=None):
     if isinstance(seq, str):
         if not _strip_harness(seq).strip():
             return None
-        prefix, upto, marked = [seq], None, None
+        prefix, upto, marked, sent = [seq], None, None, None
     else:
         i = conversation.last_human
         if i is None:
             return None
         prefix, upto = seq[:i + 1], i
+        # The prefix as sent, markers and all, first: a later round of Claude Code's
+        # loop sends it as the first round's with the markers cut (they moved on),
+        # and a client that leaves them in place sends the first round's bytes.
+        # Either way finding the markers and cutting them costs nothing then.
+        sent = _as_utf8(raw(fmt.turns, upto, ())) if raw is not None and seen is not None else None
+        key = _seen_key(seen, endpoint, sent)
+        if key is not None:
+            return key
         marked = _cache_marked(prefix) if raw is not None else None
-    text = raw(fmt.turns, upto, marked) if raw is not None else None
+    text = sent if sent is not None and not marked else raw(fmt.turns, upto, marked) if raw is not None else None
     if text is not None:
-        text = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
-        # Found by its length and its end, the newest turn's own words; the whole compared.
-        lookup = (endpoint, len(text), text[-_SEEN_TAIL:]) if seen is not None and len(text) <= MAX_SEEN_BYTES \
-            else None
-        if lookup is not None:
-            known = seen.get(lookup)
-            if known is not None and known[0] == text:
-                return known[1]
-        digest = hashlib.sha256(endpoint.encode("utf-8") + b"\nraw\n")   # "raw": apart from the encoded keys
-        digest.update(text)
-        key = digest.hexdigest()
-        if lookup is not None:
-            seen.put(lookup, (text, key))
+        text = _as_utf8(text)
+        key = _seen_key(seen, endpoint, text) if text is not sent else None
+        if key is None:
+            digest = hashlib.sha256(endpoint.encode("utf-8") + b"\nraw\n")   # "raw": apart from the encoded keys
+            digest.update(text)
+            key = digest.hexdigest()
+            _remember(seen, endpoint, text, key)
+        if sent is not None and sent is not text:
+            _remember(seen, endpoint, sent, key)
         return key
     digest = hashlib.sha256(endpoint.encode("utf-8"))
     for entry in prefix:  # one entry at a time: only the few with cache_control get copied
@@ -353,6 +358,28 @@ def turn_key(endpoint, payload, raw=None, seen=None, conversation=None):
             blob = _turn_json(_without_cache_control(entry))
         digest.update(b"\n" + blob.encode("utf-8", "surrogatepass"))  # dumps escapes newlines
     return digest.hexdigest()
+
+
+def _as_utf8(text):
+    return text if isinstance(text, bytes) or text is None else text.encode("utf-8", "surrogatepass")
+
+
+def _seen_lookup(endpoint, text):
+    # Found by its length and its end, the newest turn's own words; the whole compared.
+    return (endpoint, len(text), text[-_SEEN_TAIL:]) if len(text) <= MAX_SEEN_BYTES else None
+
+
+def _seen_key(seen, endpoint, text):
+    """The key ``seen`` holds for ``text``, compared whole; None if it holds none."""
+    lookup = _seen_lookup(endpoint, text) if seen is not None and text is not None else None
+    known = seen.get(lookup) if lookup is not None else None
+    return known[1] if known is not None and known[0] == text else None
+
+
+def _remember(seen, endpoint, text, key):
+    lookup = _seen_lookup(endpoint, text) if seen is not None else None
+    if lookup is not None:
+        seen.put(lookup, (text, key))
 
 
 def _cache_marked(entries):

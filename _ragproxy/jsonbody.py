@@ -490,11 +490,12 @@ def _with_edits(body, payload, paths, members=None):
         except UnicodeEncodeError:
             news = None
         if news is not None:
-            pieces, pos = [], 0
+            # Views, not slices: a slice would copy the body once more before the join does.
+            view, pieces, pos = memoryview(body), [], 0
             for (start, end, _), new in zip(edits, news):
-                pieces += (body[pos:start], new)
+                pieces += (view[pos:start], new)
                 pos = end
-            pieces.append(body[pos:])
+            pieces.append(view[pos:])
             return b"".join(pieces)
     pieces, pos = [], 0
     for start, end, new in edits:

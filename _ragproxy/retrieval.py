@@ -489,8 +489,22 @@ def _compression_key(exchange):
     return None if compression is None else compression.key
 
 
-# Agent loops whose turn text the retriever remembers (Retriever.turn_texts).
-_TURN_TEXTS = 32
+# Turn texts the retriever remembers (Retriever.turn_texts): two per agent loop
+# when its markers sit in the prefix (as sent, and cut), so 32 loops.
+_TURN_TEXTS = 64
+
+
+class _Turn(collections.namedtuple("_Turn", "found query question")):
+    """What the first request of a human turn retrieved (Retriever.turns), with the query
+    it searched and the words that filled {query}: a later round takes all three."""
+
+    __slots__ = ()
+
+
+# The query sources whose text lies within the turn key's prefix: a later round
+# asks the same words, so it takes them from the turn instead of reading them
+# again.  last_message reads the newest entry, a tool result in a later round.
+_TURN_QUERY_SOURCES = frozenset(("last_user", "all_user"))
 
 
 class Retriever:
@@ -612,10 +626,20 @@ class Retriever:
         in_place = route.inject_mode in _USER_TURN_MODES and uses_query(rag["inject_template"])
         conversation = Conversation(endpoint, payload)   # its last human turn found once, for all five
         try:
-            query = extract_query(endpoint, payload, rag["query_source"], rag["max_query_bytes"], conversation)
             turn = turn_key(endpoint, payload, self._raw_prefix(exchange), self.turn_texts, conversation)
-            question = question_text(endpoint, payload, conversation) if in_place else query
             later_round = bool(turn) and continues_turn(endpoint, payload, conversation)
+            # Keyed by the key's scope too: a key never gets context retrieved for another.
+            # And by the compression profile: its levers chose and ordered the chunks rendered.
+            key = (turn, tuple(names), route.name, route.inject_mode, key_scope(exchange.key),
+                   _compression_key(exchange)) if turn else None
+            # Only a later round of the turn reuses what its first request got; the
+            # first request of a turn (a new chat, a retry) retrieves and refreshes it.
+            known = self.turns.get(key) if key and later_round else None
+            if known is not None and rag["query_source"] in _TURN_QUERY_SOURCES:
+                query, question = known.query, known.question   # the turn's words: the key covers them
+            else:
+                query = extract_query(endpoint, payload, rag["query_source"], rag["max_query_bytes"], conversation)
+                question = question_text(endpoint, payload, conversation) if in_place else query
         except RecursionError:  # nesting that json parsed with a few levels to spare
             raise ClientError(400, _TOO_DEEP) from None
         modes = sorted({self.kbs.get(n).spec.retrieval for n in names})
@@ -631,19 +655,13 @@ class Retriever:
             screen.budget = {"limit": limit, "request_tokens": own_tokens, "cut": 0, "over": True}
             exchange.retrieval["outcome"] = "over_budget"
             return
-        # Keyed by the key's scope too: a key never gets context retrieved for another.
-        # And by the compression profile: its levers chose and ordered the chunks rendered.
-        key = (turn, tuple(names), route.name, route.inject_mode, key_scope(exchange.key),
-               _compression_key(exchange)) if turn else None
-        # Only a later round of the turn reuses what its first request got; the
-        # first request of a turn (a new chat, a retry) retrieves and refreshes it.
-        found = self.turns.get(key) if key and later_round else None
-        if found is not None:
+        if known is not None:
+            found = known.found
             exchange.retrieval["outcome"] = "cached"
         else:
             found = self._retrieve(exchange, names, query, question, in_place, screen)
             if key and found.outcome in ("retrieved", "no_match"):
-                self.turns.put(key, found)
+                self.turns.put(key, _Turn(found, query, question))
         if limit and found.text:
             found = self._fit(found, limit, own_tokens, question, screen)
             if not found.text:

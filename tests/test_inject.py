@@ -330,12 +330,43 @@ def test_turn_key_remembering_turn_texts_gives_the_keys_hashing_gives(endpoint):
         body[field].insert(0, {"role": "user", "content": "an earlier question " * 40})
     keys = [ragproxy.turn_key(endpoint, body, raw_of(encode(body)), seen) for body in bodies]
     assert keys == [ragproxy.turn_key(endpoint, body, raw_of(encode(body))) for body in bodies]
-    assert len(set(keys)) == 1 and len(seen) == 1
+    # One text per turn; two when the first round's prefix held a marker (as sent, and cut).
+    marked_first = endpoint == "messages"
+    assert len(set(keys)) == 1 and len(seen) == (2 if marked_first else 1)
+    assert {key for _, key in seen.values()} == {keys[0]}
     first = encode(bodies[0])
     at = first.index(b"an earlier question")
     twin = first[:at] + b"A" + first[at + 1:]   # one byte, near the start
     key = ragproxy.turn_key(endpoint, json.loads(twin), raw_of(twin), seen)
     assert key != keys[0] and key == ragproxy.turn_key(endpoint, json.loads(twin), raw_of(twin))
+
+
+@pytest.mark.parametrize("moved", [True, False], ids=["markers-move-on", "markers-stay"])
+def test_turn_key_finds_a_later_round_from_its_prefix_as_sent(moved):
+    """A later round whose prefix is the first round's, markers cut (Claude Code moves them
+    to the newest block) or left where they were, is found from its text as sent: raw
+    is asked once, with nothing cut, and the key is the one hashing gives."""
+    def build(rounds):
+        body = claude_code_request(rounds)   # the marker on the newest block
+        if not moved:
+            body["messages"][0]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        return body
+
+    encode, seen = CLIENT_ENCODINGS[1], _Seen()
+    first = build(0)
+    key = ragproxy.turn_key("messages", first, raw_of(encode(first)), seen)
+    for rounds in (1, 2):
+        body, asked = build(rounds), []
+        raw = raw_of(encode(body))
+
+        def recording(key, upto, marked, raw=raw):
+            asked.append(marked)
+            return raw(key, upto, marked)
+
+        assert b'"cache_control"' in encode(body)
+        assert ragproxy.turn_key("messages", body, recording, seen) == key
+        assert len(asked) == 1 and not asked[0]
+        assert ragproxy.turn_key("messages", body, raw_of(encode(body))) == key   # what hashing gives
 
 
 def test_turn_key_without_raw_text_encodes_the_entries():

@@ -791,6 +791,28 @@ def test_a_tool_round_reuses_its_turns_context_and_an_edited_prefix_retrieves_af
     assert outcomes == ["retrieved", "cached", "retrieved"]
 
 
+@pytest.mark.parametrize("source", ["last_user", "last_message"])
+def test_a_tool_round_searched_with_the_turns_words_logs_them_and_one_from_its_newest_entry_its_own(
+        make_proxy, fake, data_dir, source):
+    """A later round takes the turn's query with its context when the query lies in the turn
+    (last_user), and reads its own when it does not (last_message: the tool result)."""
+    p = make_proxy(kb_config(fake.url, rag=f"  query_source: {source}") + "security:\n  log_query: true\n",
+                   data_dir=data_dir)
+    p.app.knowledge_bases.index_all()
+    turn = [{"role": "user", "content": "what does the purple elephant do?"}]
+    body = {"model": "llama3", "max_tokens": 64, "messages": turn}
+    headers = {"anthropic-version": "2023-06-01"}
+    later = turn + [{"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                  "content": "the rotate_signing_key script"}]}]
+    for messages in (turn, later, later):
+        assert _raw_post(p.url, "/v1/messages", dict(body, messages=messages), headers)[0] == 200
+    rows = logged_rows(p.app, 3)[::-1]   # oldest first
+    assert [row["outcome"] for row in rows] == ["retrieved", "cached", "cached"]
+    newest = "the rotate_signing_key script" if source == "last_message" else "what does the purple elephant do?"
+    assert [row["query"] for row in rows] == ["what does the purple elephant do?", newest, newest]
+
+
 def test_an_agent_loop_sends_upstream_what_it_would_with_nothing_remembered_of_its_bodies(rag_proxy, fake):
     """Each round of a Claude Code loop repeats the last one's body (App.parsed copies those
     values instead of parsing them); what goes upstream is, byte for byte, what it is when the
