@@ -252,6 +252,11 @@ class ParseMemo:
         self._records = OrderedDict()
         self._lock = threading.Lock()
 
+    def held_bytes(self):
+        """The bytes its records hold, counted afresh: what ``size``, a running total, should say."""
+        with self._lock:
+            return sum(record[2] for records in self._records.values() for record in records)
+
     def scan(self, text, pos, slot):
         """``(value, end)`` for the JSON value at ``text[pos]``, as json's scanner gives it.
 

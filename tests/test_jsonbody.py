@@ -323,7 +323,7 @@ def test_parse_memo_stays_within_its_bytes_and_keeps_the_newest():
     for n in range(30):   # thirty conversations, each its own tools
         _parse_as_without_memo(_agent_round(6, tools=f"tools{n}"), memo)
         assert 0 < memo.size <= 200_000
-    assert memo.size == sum(r[2] for records in memo._records.values() for r in records)
+    assert memo.size == memo.held_bytes()
     before = memo.reused
     _parse_as_without_memo(_agent_round(6, tools="tools29"), memo)
     assert memo.reused - before >= 10
