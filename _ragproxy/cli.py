@@ -296,7 +296,7 @@ def main(argv=None, environ=None):
             return _serve(data_dir, config_path, overrides, config, environ)
         if command == "mcp":
             return _mcp_stdio(data_dir, config, channel)
-        from .kb import KnowledgeBases
+        from .knowledgebases import KnowledgeBases
 
         kbs = KnowledgeBases(config, data_dir)
         return _KB_COMMANDS[command](args, kbs)

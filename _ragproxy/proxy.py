@@ -7,7 +7,7 @@ parsing and forwarding (App.rewriters), and the answer is relayed event by
 event.  The request log and the metrics are kept after the answer is sent.
 /mcp, after the same API-key check, is the MCP server's (mcp.McpServer).
 
-May import: api, config, deps, jsonbody, kb, levers, mcp, metrics, ollama, reqlog, retrieval, upstream.
+May import: api, config, deps, jsonbody, knowledgebases, levers, mcp, metrics, ollama, reqlog, retrieval, upstream.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from .jsonbody import (
     with_edits,
     with_model,
 )
-from .kb import KnowledgeBases
+from .knowledgebases import KnowledgeBases
 from .levers import Runner as CompressionRunner
 from .levers import Selector as CompressionSelector
 from .levers import outcome_fields
