@@ -46,6 +46,10 @@ import re
 DEFAULT_CHUNK_TEMPLATE = "[{index}] {citation}\n{content}"
 INJECT_MODES = ("before_last_user", "system_prepend", "system_append", "new_message")
 QUERY_SOURCES = ("last_user", "last_message", "all_user")
+# The sources whose words lie within turn_key's prefix (up to the last human turn): every
+# round of a turn asks the same query.  last_message reads the newest entry, in a later
+# round a tool result.
+PREFIX_QUERY_SOURCES = frozenset(("last_user", "all_user"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,10 +343,14 @@ def turn_key(endpoint, payload, raw=None, seen=None, conversation=None):
         if key is not None:
             return key
         marked = _cache_marked(prefix) if raw is not None else None
-    text = sent if sent is not None and not marked else raw(fmt.turns, upto, marked) if raw is not None else None
+    if raw is None:
+        text = None
+    elif sent is not None and not marked:
+        text = sent   # nothing to cut: the text as sent is the text
+    else:
+        text = _as_utf8(raw(fmt.turns, upto, marked))
     if text is not None:
-        text = _as_utf8(text)
-        key = _seen_key(seen, endpoint, text) if text is not sent else None
+        key = _seen_key(seen, endpoint, text) if text is not sent else None   # sent was looked up above
         if key is None:
             digest = hashlib.sha256(endpoint.encode("utf-8") + b"\nraw\n")   # "raw": apart from the encoded keys
             digest.update(text)

@@ -37,6 +37,7 @@ from .fusion import reciprocal_ranks
 from .guard import Guard
 from .inject import (
     DEFAULT_CHUNK_TEMPLATE,
+    PREFIX_QUERY_SOURCES,
     Conversation,
     continues_turn,
     estimate_tokens_text,
@@ -501,12 +502,6 @@ class _Turn(collections.namedtuple("_Turn", "found query question")):
     __slots__ = ()
 
 
-# The query sources whose text lies within the turn key's prefix: a later round
-# asks the same words, so it takes them from the turn instead of reading them
-# again.  last_message reads the newest entry, a tool result in a later round.
-_TURN_QUERY_SOURCES = frozenset(("last_user", "all_user"))
-
-
 class Retriever:
     """The request rewriter that puts knowledge-base context into requests."""
 
@@ -635,7 +630,7 @@ class Retriever:
             # Only a later round of the turn reuses what its first request got; the
             # first request of a turn (a new chat, a retry) retrieves and refreshes it.
             known = self.turns.get(key) if key and later_round else None
-            if known is not None and rag["query_source"] in _TURN_QUERY_SOURCES:
+            if known is not None and rag["query_source"] in PREFIX_QUERY_SOURCES:
                 query, question = known.query, known.question   # the turn's words: the key covers them
             else:
                 query = extract_query(endpoint, payload, rag["query_source"], rag["max_query_bytes"], conversation)
