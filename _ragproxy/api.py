@@ -38,8 +38,13 @@ def _error_body(dialect, status, message, code=None):
     return json_bytes(obj)
 
 
+# json.dumps with options builds an encoder per call (~0.6 us of a 4 KB
+# message's 7.7); one encoder holds no state between calls, so threads share it.
+_compact_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def json_text(obj):
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return _compact_encode(obj)
 
 
 def json_bytes(obj):

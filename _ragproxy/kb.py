@@ -483,10 +483,14 @@ class KnowledgeBase:
 
     # -- searching ----------------------------------------------------------
 
-    def current(self):
-        """``(generation, bm25)`` of the committed state, loaded once per generation."""
+    def current(self, max_age=0.0):
+        """``(generation, bm25)`` of the committed state, loaded once per generation.
+
+        ``max_age`` is KBStore.current's: how old a look at another process's
+        commits may be (the retrieval path's RETRIEVAL_CURRENT_MAX_AGE).
+        """
         loaded = self._loaded
-        generation = self.store.current()
+        generation = self.store.current(max_age)
         if generation is None:
             return None, None
         if loaded is not None and loaded[0].name == generation.name:
@@ -534,7 +538,7 @@ class KnowledgeBase:
                 return source_id, entry
         return None
 
-    def search(self, query, top_k=5, mode=None, min_lexical=None, min_dense=None, timings=None):
+    def search(self, query, top_k=5, mode=None, min_lexical=None, min_dense=None, timings=None, max_age=0.0):
         """The best chunks for ``query``: a list of Hit, best first.
 
         Each retriever keeps its own scale and its own threshold: BM25 scores
@@ -544,12 +548,13 @@ class KnowledgeBase:
         FUSION_DEPTH of each and fuses the two filtered lists as ``spec.fusion``
         says: on scores, each list on its own scale (fusion.zscore_fusion, the
         default), or by reciprocal rank (fusion.rrf).  ``timings``, a dict,
-        accumulates seconds per stage: lexical, embed, dense.
+        accumulates seconds per stage: lexical, embed, dense.  ``max_age`` is
+        current's.
         """
         timings = {} if timings is None else timings
         clock = time.perf_counter
         mode = mode or self.spec.retrieval
-        generation, bm25 = self.current()
+        generation, bm25 = self.current(max_age)
         if generation is None or len(generation) == 0:
             return []
         pool = top_k if mode != "hybrid" else max(FUSION_DEPTH, top_k)

@@ -417,6 +417,12 @@ def _tiktoken_counter(tiktoken=None, environ=None, expected_sha256=_CL100K_SHA25
 # that two KBs answer nearly equally well.
 KB_FLOOR = 0.8
 
+# How old (seconds) a retrieval's look at another process's commits may be:
+# a knowledge base's CURRENT file is then stat'ed at most 20 times a second
+# instead of by every request (KBStore.current).  This process's own commits
+# are seen at once.
+CURRENT_MAX_AGE = 0.05
+
 
 def _lexical_share(kb, query):
     """``score -> share``: a BM25 score as a share of what the query's terms could add up to in ``kb``.
@@ -427,7 +433,7 @@ def _lexical_share(kb, query):
     lacks counts at df 0), so a score over their sum is in [0, 1): how much of
     the question, weighted by how telling each word is there, the chunk matched.
     """
-    _, bm25 = kb.current()
+    _, bm25 = kb.current(CURRENT_MAX_AGE)
     if bm25 is None or not len(bm25):
         return lambda score: 0.0
     n = len(bm25)
@@ -822,8 +828,8 @@ class Retriever:
     def _search_key(self, names, query, route, top_k, mode):
         """What a search's hits depend on, for the search cache; None when they depend on more.
 
-        The committed generation of every KB is in it, so a commit (here or by
-        another process: store.current reads CURRENT) is searched afresh.  A
+        The committed generation of every KB is in it, so a commit is searched
+        afresh: at once when made here, within CURRENT_MAX_AGE by another process.  A
         reranker is a server's judgement, and a KB on Chroma answers from a
         collection that changes without a local commit: neither is cached.
         """
@@ -835,7 +841,7 @@ class Retriever:
             kb = self.kbs.get(name)
             if kb is None or getattr(kb, "chroma", None) is not None:
                 return None
-            generation, _ = kb.current()
+            generation, _ = kb.current(CURRENT_MAX_AGE)
             # With its commit time: a KB deleted and built again starts at the same name.
             generations.append((generation.name, generation.created) if generation is not None else None)
         return (tuple(names), query, top_k or rag["top_k"], mode, route.kb_merge if route else None,
@@ -854,7 +860,7 @@ class Retriever:
                                  f"before knowledge base {name!r} was searched")
             kb = self.kbs.get(name)
             hits = kb.search(query, pool, mode=mode, min_lexical=rag["lexical_min_score"],
-                             min_dense=rag["score_threshold"] or None, timings=stages)
+                             min_dense=rag["score_threshold"] or None, timings=stages, max_age=CURRENT_MAX_AGE)
             lists.append((hits, _relevance(kb, query, hits, mode) if len(names) > 1 else [1.0] * len(hits)))
         merged = _merge(lists, merge)
         seen, unique = set(), []

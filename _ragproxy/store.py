@@ -707,17 +707,18 @@ class KBStore:
     and after each commit.
     """
 
-    def __init__(self, root, compact=None, create=True, clock=time.time):
+    def __init__(self, root, compact=None, create=True, clock=time.time, monotonic=time.monotonic):
         self.root = os.path.abspath(root)
         self.compact = compact
         self.clock = clock  # stamps each generation's commit time (meta "created")
+        self.monotonic = monotonic  # ages the last look at CURRENT (current's max_age)
         if create:
             os.makedirs(self.root, exist_ok=True)
         elif not os.path.isdir(self.root):
             raise StoreError("%s: no such knowledge base directory" % self.root)
         self._lock = threading.Lock()
         self._cached = None  # (CURRENT text, Generation)
-        self._current_read = None  # (CURRENT's stat stamp, its text)
+        self._current_read = None  # (CURRENT's stat stamp, its text, monotonic time of the stat)
         self._warned = set()
         with contextlib.suppress(OSError):
             with self._commit_lock(blocking=False) as locked:
@@ -726,26 +727,35 @@ class KBStore:
 
     # -- reading --
 
-    def _read_current(self):
+    def _read_current(self, max_age=0.0):
         """CURRENT's text, read again only when a stat says the file was replaced.
 
         Every commit (this process's or another's) renames a new file over it,
         which gives it a new inode: a stat costs a fifth of opening and reading
-        it, and every retrieval asks.  The stamp is taken before the read, so a
-        commit between the two is read again on the next call.
+        it.  Within ``max_age`` seconds of the last stat not even that: on the
+        retrieval path, where every request asks, the stat is a system call and
+        a release of the GIL that eight busy clients measurably queue behind.
+        This process's own commits are seen at once regardless (_commit reads
+        CURRENT back).  The stamp is taken before the read, so a commit between
+        the two is read again on the next call.
         """
+        seen = self._current_read
+        checked = self.monotonic()
+        if max_age > 0 and seen is not None and 0 <= checked - seen[2] < max_age:  # (a swapped clock: look)
+            return seen[1]
         path = os.path.join(self.root, "CURRENT")
         try:
             st = os.stat(path)
             stamp = (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size)
-            seen = self._current_read
             if seen is not None and seen[0] == stamp:
+                self._current_read = (stamp, seen[1], checked)
                 return seen[1]
             with open(path, "rb") as f:
                 text = f.read(64).decode("ascii", "replace").strip()
         except FileNotFoundError:
+            self._current_read = None
             return None
-        self._current_read = (stamp, text)
+        self._current_read = (stamp, text, checked)
         return text
 
     def committed(self):
@@ -757,13 +767,15 @@ class KBStore:
         gens = [n for n in names if _GEN_RE.match(n)]
         return sorted(gens, key=lambda n: int(n[1:]))
 
-    def current(self):
+    def current(self, max_age=0.0):
         """The committed Generation, or None if nothing was ever committed.
 
         Cheap to call per request: it re-reads CURRENT and reuses the open
-        Generation while that is unchanged.
+        Generation while that is unchanged.  With ``max_age`` (seconds) it may
+        answer from a look at CURRENT that recent, so another process's commit
+        can take that long to be seen; writers and the admin API pass none.
         """
-        text = self._read_current()
+        text = self._read_current(max_age)
         with self._lock:
             if self._cached is not None and self._cached[0] == text:
                 return self._cached[1]
@@ -859,6 +871,7 @@ class KBStore:
                     number += 1
             fsync_path(self.root, directory=True)
             atomic_write(os.path.join(self.root, "CURRENT"), name.encode("ascii") + b"\n")
+            self._read_current()  # so that a reader allowed a stale look sees this commit at once
             gen = Generation(self.root, name)
             with self._lock:
                 self._cached = (name, gen)

@@ -937,6 +937,25 @@ def test_a_question_asked_again_is_not_searched_again_until_the_kb_changes(rag_p
     assert [row["outcome"] for row in logged_rows(rag_proxy.app, 3)] == ["retrieved"] * 3
 
 
+def test_another_process_commit_is_searched_once_the_last_look_at_it_is_current_max_age_old(
+        make_proxy, rag_proxy, fake, data_dir):
+    """Another process indexing the same data dir (here a second proxy on it): the retrieval
+    path looks at the KB's CURRENT at most every CURRENT_MAX_AGE seconds (KBStore.current),
+    so a question asked within that of its last look still gets the generation it saw."""
+    now = [1000.0]
+    rag_proxy.app.knowledge_bases.get("docs").store.monotonic = lambda: now[0]
+    client = _openai(rag_proxy)
+    chat = [{"role": "user", "content": "How fast does the zebrafish heart regrow?"}]
+    assert ZEBRA not in _sent_turn(client, fake, chat)
+    (data_dir / "documents" / "docs" / "zebrafish.md").write_text(f"# Zebrafish\n\nFact: {ZEBRA}.\n")
+    other = make_proxy(kb_config(fake.url), data_dir=data_dir)
+    assert [r.committed for r in other.app.knowledge_bases.index_all()] == [True, False]   # docs, code
+    now[0] += retrieval.CURRENT_MAX_AGE / 2
+    assert ZEBRA not in _sent_turn(client, fake, chat)
+    now[0] += retrieval.CURRENT_MAX_AGE
+    assert ZEBRA in _sent_turn(client, fake, chat)
+
+
 class _Compression:
     """A levers.Profile's face to retrieval: its key and its choice of ragproxy's own chunks."""
 

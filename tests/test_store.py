@@ -273,6 +273,36 @@ def test_a_commit_by_another_process_is_seen_by_the_next_current(tmp_path, mode)
     assert seen == [1, 1, 2, 3, 4]
 
 
+def test_with_a_max_age_another_process_commit_is_seen_once_the_last_look_is_that_old(tmp_path, mode):
+    """current(max_age) answers from a look at CURRENT younger than max_age without a stat
+    (the retrieval path's per-request saving); older, or with no max_age, it looks again."""
+    now = [100.0]
+    root = str(tmp_path / "kb")
+    reader, writer = ragproxy.KBStore(root, monotonic=lambda: now[0]), ragproxy.KBStore(root)
+    commit_state(writer, 3, "one")
+    assert reader.current(max_age=0.05).number == 1
+    commit_state(writer, 3, "two")
+    now[0] += 0.04
+    assert reader.current(max_age=0.05).number == 1     # 40 ms after the last look: not yet
+    now[0] += 0.02
+    assert reader.current(max_age=0.05).number == 2     # 60 ms: looked again
+    commit_state(writer, 3, "three")
+    assert reader.current(max_age=0.05).number == 2
+    assert reader.current().number == 3                 # writers and the admin API ask for no max_age
+    os.unlink(os.path.join(root, "CURRENT"))
+    now[0] += 1.0
+    assert reader.current(max_age=0.05).number == 3    # the newest complete generation stands in
+
+
+def test_with_a_max_age_this_stores_own_commit_is_seen_at_once(tmp_path, mode):
+    now = [100.0]
+    store = ragproxy.KBStore(str(tmp_path / "kb"), monotonic=lambda: now[0])
+    commit_state(store, 3, "one")
+    assert store.current(max_age=60).number == 1
+    commit_state(store, 3, "two")
+    assert store.current(max_age=60).number == 2
+
+
 def test_garbage_current_falls_back_to_newest_complete(tmp_path, mode, caplog):
     root = str(tmp_path / "kb")
     store = ragproxy.KBStore(root)
