@@ -487,7 +487,7 @@ class KnowledgeBase:
         """``(generation, bm25)`` of the committed state, loaded once per generation.
 
         ``max_age`` is KBStore.current's: how old a look at another process's
-        commits may be (the retrieval path's RETRIEVAL_CURRENT_MAX_AGE).
+        commits may be (the retrieval path passes retrieval.CURRENT_MAX_AGE).
         """
         loaded = self._loaded
         generation = self.store.current(max_age)

@@ -734,7 +734,7 @@ class KBStore:
         which gives it a new inode: a stat costs a fifth of opening and reading
         it.  Within ``max_age`` seconds of the last stat not even that: on the
         retrieval path, where every request asks, the stat is a system call and
-        a release of the GIL that eight busy clients measurably queue behind.
+        a release of the GIL per request (bench/RESULTS.md, sessions 16-18).
         This process's own commits are seen at once regardless (_commit reads
         CURRENT back).  The stamp is taken before the read, so a commit between
         the two is read again on the next call.
