@@ -667,7 +667,13 @@ def _largest_fitting(hi, ok):
 # -- injection -----------------------------------------------------------------
 
 def inject(endpoint, payload, text, mode="before_last_user", replaces_question=False, conversation=None):
-    """Put ``text`` into ``payload`` (changed in place); the paths it changed, () if none.
+    """Put ``text`` into ``payload``; the paths it changed, () if none.
+
+    ``payload``'s top level is changed in place; anything below it that
+    changes is replaced by a changed copy, never edited (copy on write): a
+    body's values may be shared with earlier bodies that repeat them
+    (jsonbody.ParseMemo), and the entries the context does not touch stay the
+    objects they were.
 
     A path is a top-level key, ``("system",)``, whose value changed or is new,
     or a key and a list index, ``("messages", 7)``, for an entry changed where
@@ -709,16 +715,18 @@ def inject(endpoint, payload, text, mode="before_last_user", replaces_question=F
     if i is None:
         return ()
     if mode == "before_last_user":
-        _prefix_content(fmt, seq[i], text, replace)
+        seq = payload[fmt.turns] = list(seq)
+        seq[i] = _prefix_content(fmt, seq[i], text, replace)
         return ((fmt.turns, i),)
     if mode == "new_message":
+        seq = payload[fmt.turns] = list(seq)
         message = seq[i]
         if replace:
             rest = _without_question(message["content"])
             if not rest:  # the question was all there was: the context message takes its place
-                _prefix_content(fmt, message, text, True)
+                seq[i] = _prefix_content(fmt, message, text, True)
                 return ((fmt.turns, i),)
-            message["content"] = rest
+            seq[i] = {**message, "content": rest}
         seq.insert(i, _context_message(fmt, text))
         return ((fmt.turns,),)
     return _add_system(fmt, payload, text, mode == "system_prepend")
@@ -743,19 +751,20 @@ def _prefix_string(s, text, replace=False):
 
 
 def _prefix_content(fmt, message, text, replace=False):
+    """A copy of ``message`` with ``text`` before the person's words (``replace``: in their place)."""
     content = message["content"]
     if isinstance(content, str):
-        message["content"] = _prefix_string(content, text, replace)
-        return
+        return {**message, "content": _prefix_string(content, text, replace)}
     at = next(i for i, p in enumerate(content) if _part_kind(p) not in ("harness", "tool"))
     part = {"type": fmt.text_type, "text": text}
     if replace:
         words = [p for p in content[at:] if _part_kind(p) == "human"]
         if isinstance(words[-1], dict):  # its other keys (cache_control) go on with the text
             part = {**words[-1], "type": fmt.text_type, "text": text}
-        content[at:] = [part] + _without_question(content[at:])
+        rest = _without_question(content[at:])
     else:
-        content.insert(at, part)
+        rest = content[at:]
+    return {**message, "content": content[:at] + [part] + rest}
 
 
 def _without_question(content):
@@ -789,33 +798,29 @@ def _add_system(fmt, payload, text, prepend):
                 content = _with_text(message.get("content"), text, prepend, fmt.text_type)
                 if content is None:
                     return ()
-                message["content"] = content
+                messages = payload[fmt.turns] = list(messages)
+                messages[i] = {**message, "content": content}
                 return ((fmt.turns, i),)
-        messages.insert(0, {"role": "system", "content": text})
+        payload[fmt.turns] = [{"role": "system", "content": text}] + messages
         return ((fmt.turns,),)
     current = payload.get(fmt.system)
     if isinstance(current, list) and current:
-        block = {"type": fmt.text_type, "text": text}
-        if prepend:  # after the first block: for Claude Code a billing header that stays first
-            current.insert(1, block)
-        else:
-            current.append(block)
+        block = [{"type": fmt.text_type, "text": text}]
+        # Prepended after the first block: for Claude Code a billing header that stays first.
+        current = current[:1] + block + current[1:] if prepend else current + block
     else:
         current = _with_text(current, text, prepend, fmt.text_type)
         if current is None:
             return ()
-        payload[fmt.system] = current
+    payload[fmt.system] = current
     return ((fmt.system,),)
 
 
 def _with_text(content, text, prepend, part_type):
+    """``content`` (a new list, or a str) with ``text`` added; None when it is not a prompt."""
     if isinstance(content, list) and content:
-        part = {"type": part_type, "text": text}
-        if prepend:
-            content.insert(0, part)
-        else:
-            content.append(part)
-        return content
+        part = [{"type": part_type, "text": text}]
+        return part + content if prepend else content + part
     if isinstance(content, str) and content:
         return text + "\n\n" + content if prepend else content + "\n\n" + text
     if content in (None, "", []):

@@ -12,7 +12,7 @@ once, for both the splice and raw_entries (the client's own text of a
 conversation's first entries, which the turn key hashes).  ParseMemo keeps
 the parsed values of recent bodies' large members and entries, so a body
 that repeats them (every round of an agent loop repeats the conversation so
-far, its tools and its system prompt) has them copied instead of parsed.
+far, its tools and its system prompt) has them shared instead of parsed.
 
 May import: api.
 """
@@ -237,18 +237,28 @@ class ParseMemo:
     or quote, so that text is the value there, exactly: nothing that differs
     can be mistaken for it.
 
-    Every use gets a new copy (marshal's, three to four times faster than the
-    parse), because the pipeline edits payloads in place: no two requests
-    share a list or dict.  Records go, oldest first, once their text and
-    copies pass ``max_bytes``.  ``reused`` counts the values copied instead
-    of parsed (a statistic: unlocked, so approximate under concurrency).
+    A record's value is shared, not copied: every body that repeats it gets
+    the same objects (a copy per use cost a third of the proxy's CPU on a
+    Claude Code body).  So a parsed payload's lists and dicts are read-only
+    below its top level, which is the request's own: whatever edits one
+    (inject) puts a copy in its place (copy on write).  The top-level object
+    and an expanded array's list are new for every body.  With ``check``
+    (the test suite's RAGPROXY_CHECK_SHARED), each record keeps its value's
+    marshal form too, and a use or verify() that finds the value changed
+    raises SharedValueEdited: an edit in place is a bug, and a silent one
+    in production, where a later request would read the edited value.
+    Records go, oldest first, once their text and values pass ``max_bytes``
+    (a value's memory estimated from its text, _value_bytes).  ``reused``
+    counts the values used instead of parsed (a statistic: unlocked, so
+    approximate under concurrency).
     """
 
-    def __init__(self, max_bytes=PARSE_MEMO_BYTES, min_chars=PARSE_MEMO_MIN_CHARS):
-        self.max_bytes, self.min_chars = max_bytes, min_chars
-        self.size = 0       # bytes held: text and copies
+    def __init__(self, max_bytes=PARSE_MEMO_BYTES, min_chars=PARSE_MEMO_MIN_CHARS, check=False):
+        self.max_bytes, self.min_chars, self.check = max_bytes, min_chars, check
+        self.size = 0       # bytes held: text and values
         self.reused = 0
-        # (slot, head) or (slot, "run", head) -> (text, marshalled value, size, entry spans or None), newest first
+        # (slot, head) or (slot, "run", head) -> records (text, value, size, entry spans or None,
+        # marshal form or None), newest first
         self._records = OrderedDict()
         self._lock = threading.Lock()
 
@@ -269,7 +279,7 @@ class ParseMemo:
         for record in self._records.get((slot, head), ()):
             if text.startswith(record[0], pos):
                 self.reused += 1
-                return marshal.loads(record[1]), pos + len(record[0])
+                return self._value(record, slot), pos + len(record[0])
         value, end = _scan_json(text, pos)
         if end - pos >= self.min_chars:
             self._keep((slot, head), text[pos:end], value)
@@ -285,7 +295,7 @@ class ParseMemo:
         if best is None:
             return None
         self.reused += len(best[3])
-        return marshal.loads(best[1]), [(pos + start, pos + end) for start, end in best[3]], pos + len(best[0])
+        return self._value(best, slot), [(pos + start, pos + end) for start, end in best[3]], pos + len(best[0])
 
     def keep_run(self, text, spans, values, slot, known=0):
         """Keep the run of an array's entries (``spans`` and parsed ``values``, in order) but its
@@ -299,23 +309,69 @@ class ParseMemo:
                        tuple((s - start, e - start) for s, e in spans[:count]))
 
     def _keep(self, key, text, value, spans=None):
-        try:   # before any rewriter edits the value: it is the parse of ``text``
-            blob = marshal.dumps(value)
-        except ValueError:   # nested deeper than marshal goes
-            return
-        size = len(text) + len(blob)
+        blob = None
+        if self.check:
+            try:   # before any rewriter can edit the value: it is the parse of ``text``
+                blob = marshal.dumps(value, _CHECK_MARSHAL)
+            except ValueError:   # nested deeper than marshal goes: nothing to check it against
+                return
+        size = len(text) + _value_bytes(text)
         if size > self.max_bytes // 4:   # one huge value would push out everything else
             return
         with self._lock:
             kept = self._records.pop(key, ())
             self.size -= sum(record[2] for record in kept)
             # A record this one's text starts with is one it makes redundant: a run the array outgrew.
-            kept = ((text, blob, size, spans),) + tuple(r for r in kept if not text.startswith(r[0]))
+            kept = ((text, value, size, spans, blob),) + tuple(r for r in kept if not text.startswith(r[0]))
             kept = kept[:_MEMO_ALTERNATIVES]
             self._records[key] = kept
             self.size += sum(record[2] for record in kept)
             while self.size > self.max_bytes:
                 self.size -= sum(record[2] for record in self._records.popitem(last=False)[1])
+
+    def _value(self, record, slot):
+        if self.check:
+            self._verify(record, slot)
+        return record[1]
+
+    @staticmethod
+    def _verify(record, slot):
+        if marshal.dumps(record[1], _CHECK_MARSHAL) != record[4]:
+            raise SharedValueEdited(f"a shared parsed value under {slot!r} was edited in place "
+                                    f"(its text begins {record[0][:60]!r})")
+
+    def verify(self):
+        """Raise SharedValueEdited if any record's value is no longer the parse of its text
+        (only with ``check``; without it there is nothing to compare with)."""
+        if not self.check:
+            return
+        with self._lock:
+            records = [(key[0], record) for key, kept in self._records.items() for record in kept]
+        for slot, record in records:
+            self._verify(record, slot)
+
+
+class SharedValueEdited(RuntimeError):
+    """A value ParseMemo hands out to every body that repeats it was edited in place (see ParseMemo)."""
+
+
+# marshal's format 2, which writes every object whole: later formats mark an object that
+# several holders share as a reference, so the same value written again with one more
+# holder (a request that shares it) would differ.
+_CHECK_MARSHAL = 2
+
+
+def _value_bytes(text):
+    """What the parsed value of JSON ``text`` holds in memory, estimated from the text alone.
+
+    Strings and numbers take about what their text does, and a list slot 8
+    bytes a value; each container costs a header more ({} and [] each 56-64
+    bytes empty).  Measured on a Claude Code body this says 2-3 times the
+    value's real size, and no less than it on the shapes that cost the most
+    per character (arrays of empty objects, of small numbers): a client
+    cannot make the memo hold much more than its cap.
+    """
+    return 3 * len(text) + 160 * (text.count("{") + text.count("["))
 
 
 def json_object_with_members(body, expand=(), memo=None):

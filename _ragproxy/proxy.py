@@ -126,7 +126,7 @@ _NO_ROUTE = object()
 class App:
     """The proxy: configuration, upstream connections and request handling."""
 
-    def __init__(self, config, data_dir=None, clock=time.time, rng=None, http_pool=None):
+    def __init__(self, config, data_dir=None, clock=time.time, rng=None, http_pool=None, check_shared=None):
         self.config = config
         self.data_dir = data_dir
         self.clock = clock
@@ -140,7 +140,12 @@ class App:
         self._mcp = None   # the MCP endpoint's server, made on its first request
         self._mcp_lock = threading.Lock()
         self._routes = (None, {})  # (config, model name -> route): resolved once per config
-        self.parsed = ParseMemo()   # what large bodies, and those retrieval reads, repeat of earlier ones
+        # What large bodies, and those retrieval reads, repeat of earlier ones: shared, read-only values.
+        # ``check_shared`` (default: RAGPROXY_CHECK_SHARED=1, which the test suite sets) checks that
+        # nothing edits them in place (ParseMemo).
+        if check_shared is None:
+            check_shared = os.environ.get("RAGPROXY_CHECK_SHARED") == "1"
+        self.parsed = ParseMemo(check=check_shared)
         if data_dir:
             self.knowledge_bases = KnowledgeBases(config, data_dir, self.http, clock, on_report=self._observe_index)
             try:
@@ -157,13 +162,15 @@ class App:
             + [self.compression]
 
     def close(self):
-        """Flush the request log and drop pooled connections."""
+        """Flush the request log and drop pooled connections; with ``check_shared``, raise
+        SharedValueEdited if a request edited a shared parsed value in place."""
         if self.knowledge_bases is not None:
             self.knowledge_bases.stop()
         if self.request_log is not None:
             self.request_log.close()
         self.compression.close()
         self.http.close()
+        self.parsed.verify()
 
     def reload(self, config):
         """Switch to a new config; requests in flight finish on the old one."""

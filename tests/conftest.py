@@ -2,7 +2,9 @@
 
 Both run in-process on real sockets (port 0), so the wire is real while the
 tests stay fast.  RAGPROXY_PURE=1 in the environment runs everything on the
-stdlib fallbacks.
+stdlib fallbacks.  RAGPROXY_CHECK_SHARED=1 is set for every App the tests
+make, in this process or a child: a request that edits a parsed value the
+proxy shares between bodies (jsonbody.ParseMemo) fails where it happens.
 """
 import http.client
 import math
@@ -28,6 +30,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 if ROOT not in sys.path:
     sys.path.append(ROOT)
+os.environ["RAGPROXY_CHECK_SHARED"] = "1"
 
 import ragproxy  # noqa: E402
 from _ragproxy import deps, http1  # noqa: E402

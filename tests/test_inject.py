@@ -760,6 +760,20 @@ PATH_CASES = [(endpoint, build(rounds)) for endpoint, (build, _) in LOOPS.items(
 
 @pytest.mark.parametrize("replace", [False, True])
 @pytest.mark.parametrize("mode", ragproxy.INJECT_MODES)
+@pytest.mark.parametrize("endpoint,body", PATH_CASES + [("messages", claude_code_request(2))])
+def test_inject_edits_nothing_below_the_top_level_in_place(endpoint, body, mode, replace):
+    """Copy on write: the values a payload held before inject are as they were, so a body's
+    values can be shared with the bodies that repeat it (jsonbody.ParseMemo)."""
+    payload = copy.deepcopy(body)
+    held = dict(payload)   # the objects themselves
+    frozen = copy.deepcopy(held)
+    paths = ragproxy.inject(endpoint, payload, CONTEXT, mode, replace)
+    assert paths and payload != body
+    assert held == frozen
+
+
+@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("mode", ragproxy.INJECT_MODES)
 @pytest.mark.parametrize("endpoint,body", PATH_CASES)
 def test_inject_names_every_path_it_changed(endpoint, body, mode, replace):
     """Re-encoding only the reported paths gives the injected payload, and every other
@@ -893,7 +907,8 @@ def test_query_in_place_before_last_user_in_every_shape():
         text = in_place(endpoint, body)
         assert body[field] == text
     body = {"messages": [{"role": "user", "content": "hi", "images": ["iVBO"]}]}
-    assert body["messages"] == [{"role": "user", "content": in_place("ollama_chat", body), "images": ["iVBO"]}]
+    text = in_place("ollama_chat", body)
+    assert body["messages"] == [{"role": "user", "content": text, "images": ["iVBO"]}]
 
 
 def test_query_in_place_new_message():

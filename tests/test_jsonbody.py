@@ -279,16 +279,51 @@ def test_parse_memo_copies_what_each_round_of_an_agent_loop_repeats():
     assert memo.reused - before >= 2 + 22 - 2
 
 
-def test_parse_memo_hands_out_copies_so_an_edit_reaches_no_other_request():
+def test_parse_memo_shares_what_a_body_repeats_and_gives_each_body_its_own_top_level():
     memo = jsonbody.ParseMemo()
     body = _agent_round(6)
     first = _parse_as_without_memo(body, memo)
     second = _parse_as_without_memo(body, memo)
-    second["messages"][0]["content"].insert(0, {"type": "text", "text": "injected context"})
-    second["tools"].pop()
-    second["system"][0]["text"] = "edited"
-    third = _parse_as_without_memo(body, memo)
-    assert third == first == json.loads(body) and third["messages"][0] is not second["messages"][0]
+    assert second == first == json.loads(body)
+    # What the request owns: the object and the expanded array's list, to replace entries in.
+    assert second is not first and second["messages"] is not first["messages"]
+    # What it shares with every body that repeats it: read-only (copy on write, as inject does).
+    assert second["tools"] is first["tools"] and second["system"] is first["system"]
+    assert all(a is b for a, b in zip(second["messages"][:-2], first["messages"]))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda payload: payload["messages"][0]["content"].insert(0, {"type": "text", "text": "injected context"}),
+    lambda payload: payload["tools"].pop(),
+    lambda payload: payload["system"][0].update(text="edited"),
+])
+def test_parse_memo_check_catches_a_shared_value_edited_in_place(edit):
+    body = _agent_round(6)
+    memo = jsonbody.ParseMemo(check=True)
+    first, _ = jsonbody.json_object_with_members(body, ("messages",), memo)
+    memo.verify()
+    edit(first)
+    with pytest.raises(jsonbody.SharedValueEdited) as caught:
+        memo.verify()
+    assert "edited in place" in str(caught.value)
+    with pytest.raises(jsonbody.SharedValueEdited):   # and where the next body would have read it
+        jsonbody.json_object_with_members(body, ("messages",), memo)
+    unchecked = jsonbody.ParseMemo()
+    edit(jsonbody.json_object_with_members(body, ("messages",), unchecked)[0])
+    unchecked.verify()   # nothing kept to compare with: the hazard check=True is for
+
+
+def test_parse_memo_check_passes_what_replaces_instead_of_editing():
+    body = _agent_round(6)
+    memo = jsonbody.ParseMemo(check=True)
+    for _ in range(3):
+        payload, _ = jsonbody.json_object_with_members(body, ("messages",), memo)
+        message = payload["messages"][0]
+        payload["messages"][0] = {**message, "content": [{"type": "text", "text": "context"}] + message["content"]}
+        payload["tools"] = payload["tools"][:-1]
+        payload["model"] = "renamed"
+    memo.verify()
+    assert memo.reused >= 4
 
 
 @pytest.mark.parametrize("change", [

@@ -1006,3 +1006,41 @@ def test_a_compression_profile_picks_and_orders_the_chunks_rendered(make_proxy, 
     assert SECRET in only and code not in only
     profile["now"] = None
     assert _sent_turn(client, fake, chat + TOOL_ROUND) == plain   # the uncompressed turn's context, cached
+
+
+@pytest.mark.parametrize("mode", ragproxy.INJECT_MODES)
+@pytest.mark.parametrize("api", ["messages", "chat"])
+def test_a_body_sent_again_gets_the_same_context_once_whatever_the_inject_mode(make_proxy, fake, data_dir, mode,
+                                                                             api):
+    """The parsed values a large body shares with the bodies that repeat it (App.parsed) are never
+    edited: the same body, sent again, goes upstream as it went the first time, with one context."""
+    fake.secrets = [SECRET]
+    proxy = make_proxy(kb_config(fake.url, model_extra=f", inject_mode: {mode}"), data_dir=data_dir)
+    proxy.app.knowledge_bases.index_all()
+    assert proxy.app.parsed.check   # RAGPROXY_CHECK_SHARED, from conftest: an edit in place raises
+    reminder = "<system-reminder>\n" + "Follow the conventions. " * 40 + "</system-reminder>"
+    question = "What does the purple elephant do? " + "Say it plainly. " * 40
+    if api == "messages":
+        path = "/v1/messages"
+        body = {"model": "llama3", "max_tokens": 64,
+                "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
+                           {"type": "text", "text": "You are Claude Code. " * 80}],
+                "tools": [{"name": f"Tool{n}", "description": "Reads things. " * 60,
+                           "input_schema": {"type": "object"}} for n in range(8)],
+                "messages": [{"role": "user", "content": [{"type": "text", "text": reminder},
+                                                          {"type": "text", "text": question}]}]}
+    else:
+        path = "/v1/chat/completions"
+        body = {"model": "llama3",
+                "tools": [{"type": "function", "function": {"name": f"tool_{n}", "description": "Reads. " * 80,
+                                                            "parameters": {"type": "object"}}} for n in range(8)],
+                "messages": [{"role": "system", "content": "You are a coding agent. " * 100},
+                             {"role": "user", "content": question}]}
+    sent = []   # a model with knowledge bases: its bodies are read through App.parsed
+    for _ in range(3):
+        status, _ = _raw_post(proxy.url, path, body, {"anthropic-version": "2023-06-01"})
+        assert status == 200
+        sent.append(fake.last.body)
+    assert sent[0] == sent[1] == sent[2] and sent[0].count(SECRET.encode()) == 1
+    assert proxy.app.parsed.reused >= 2 * 3   # tools and system (or its message) of the later two
+    proxy.app.parsed.verify()
