@@ -156,7 +156,7 @@ def _json_members(text, pos, expand=(), values=None, memo=None, slot=None):
                 members[key] = (pos, end)
             if values is not None:
                 values[key] = value
-        elif run is not None:   # the entries a run holds, copied at once
+        elif run is not None:   # the entries a run holds, at once
             run_values, spans, end = run
             members.extend(spans)
             values.extend(run_values)
@@ -202,7 +202,7 @@ class Members:
         self.ascii = len(self.text) == len(body)
 
 
-# ParseMemo's defaults: how much text and copies it holds in all, and the
+# ParseMemo's defaults: how much text and values it holds in all, and the
 # shortest value worth keeping (json parses a short one faster than a lookup
 # copies it).
 PARSE_MEMO_BYTES = 32 << 20
@@ -384,7 +384,7 @@ def json_object_with_members(body, expand=(), memo=None):
     the payload json_object_of's (or its ClientError), for a body that is
     not one plain object with each key once: surrounding whitespace is fine,
     anything the walk cannot vouch for goes to the full parser.  A
-    ParseMemo ``memo`` copies the values it holds instead of parsing them.
+    ParseMemo ``memo`` gives the values it holds instead of parsing them.
     """
     try:
         text = body.decode("utf-8")

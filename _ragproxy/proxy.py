@@ -404,7 +404,7 @@ class App:
             raise ClientError(400, "request body is empty; expected a JSON object")
         members = None
         # A large body is most likely an agent loop's, which repeats its last round's: whatever
-        # its route, copying what it repeats (App.parsed) is cheaper than parsing it all.
+        # its route, taking what it repeats from App.parsed is cheaper than parsing it all.
         if len(request.body) >= PARSE_MEMO_MIN_BODY or self._may_retrieve(request):
             payload, members = json_object_with_members(request.body, ("messages", "input"), self.parsed)
         else:
@@ -423,7 +423,7 @@ class App:
         """Whether retrieval will likely read this body: its model, read before parsing, has KBs.
 
         Such a body is parsed in one pass that also finds where its messages
-        lie (the turn key and the splice need that), copying what it repeats
+        lie (the turn key and the splice need that), taking what it repeats
         of earlier bodies (App.parsed); any other keeps the plain parse, which
         is cheaper for a body seen once.  A body that does not name its model
         first (the SDKs put it after the messages) may retrieve if this proxy

@@ -343,6 +343,29 @@ def test_proxy_overhead_fresh_asks_a_new_question_in_every_request_of_one_length
         assert json.loads(body) and b"0000000001" in body
 
 
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_EVAL, "scifact")),
+                    reason="the shared eval collections are not beside the checkout")
+def test_request_cpu_compares_two_versions_side_by_side_and_profiles_one_side(tmp_path):
+    # Two --ragproxy (the test's and run_script's, the same file): an A/B of the code under test with itself.
+    stats = tmp_path / "cached.prof"
+    proc = run_script("request_cpu.py", "--kb-docs", "40", "--requests", "15", "--rounds", "2", "--warmup", "3",
+                      "--cache-dir", str(tmp_path), "--json", "--profile", "cached", "--profile-out", str(stats),
+                      "--ragproxy", ragproxy.__file__)
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    rows = {(r["scenario"], r["side"], r["version"]): r for r in report["results"]}
+    assert set(rows) == {(scenario, side, version) for scenario in ("chat", "claude")
+                         for side in ("pass", "rag", "cached", "fresh") for version in ("v1", "v2")}
+    for (scenario, side, version), row in rows.items():
+        assert row["cpu_us"] > 0 and len(row["batches"]) == 2 and row["requests"] == 30
+        assert row["injected"] == (0 if side == "pass" else 30), (scenario, side, version)   # a KB's passage each
+    assert "change" in proc.stdout
+    import pstats
+    for n in (1, 2):   # one stats file per version, of the cached side's batches
+        functions = {name for _, _, name in pstats.Stats(str(stats) + ".%d" % n).stats}
+        assert "turn_key" in functions and "_retrieve" not in functions   # a tool round: no search
+
+
 def test_proxy_overhead_runs_the_large_body_the_retrieval_model_and_says_which_peers_are_absent(tmp_path):
     # A small KB (the first 40 SciFact abstracts) in a cache of the test's own, where no peer is installed.
     proc = run_script("proxy_overhead.py", "--scenarios", "chat,claude", "--clients", "1,2", "--requests", "10",

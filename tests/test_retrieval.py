@@ -1010,8 +1010,8 @@ def test_a_compression_profile_picks_and_orders_the_chunks_rendered(make_proxy, 
 
 @pytest.mark.parametrize("mode", ragproxy.INJECT_MODES)
 @pytest.mark.parametrize("api", ["messages", "chat"])
-def test_a_body_sent_again_gets_the_same_context_once_whatever_the_inject_mode(make_proxy, fake, data_dir, mode,
-                                                                             api):
+def test_a_body_sent_again_gets_the_same_context_once_whatever_the_inject_mode(
+        make_proxy, fake, data_dir, mode, api):
     """The parsed values a large body shares with the bodies that repeat it (App.parsed) are never
     edited: the same body, sent again, goes upstream as it went the first time, with one context."""
     fake.secrets = [SECRET]

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""The proxy's own CPU per request, in process: an A/B quieter than proxy_overhead.py.
+
+proxy_overhead.py measures what a client sees, with three processes on two
+CPUs; on a shared VM its run-to-run scatter (about +-0.8 ms p50 at 8 clients)
+hides a change of tens of microseconds.  This calls App.handle directly, one
+request after another, and reads the thread's CPU clock around each batch:
+what ragproxy itself spends on a request, with no load generator, scheduler
+or other connection in the figure.
+
+Every --ragproxy runs in a worker process of its own (two versions of
+_ragproxy cannot share one), against the same fake upstream and a copy of the
+same knowledge base; the batches alternate between versions and sides, so a
+change in the machine's speed lands on all of them alike.
+
+    python bench/request_cpu.py                                  # chat + claude, every side
+    python bench/request_cpu.py --ragproxy /tmp/base/ragproxy.py --ragproxy ragproxy.py   # an A/B
+    python bench/request_cpu.py --scenarios claude --sides pass,cached --profile cached --profile-out p.prof
+
+Sides: pass (a model without knowledge bases), rag (the same question every
+time: the search and render caches answer), cached (the next tool round of
+the same turn), fresh (a new question every time: a BM25 search).  Bodies,
+fake upstream and KB are proxy_overhead.py's (the 80k-chunk KB by default,
+built once into --cache-dir).  The request log's writer thread and the
+indexer are not in the figure (other threads); what concurrency adds (GIL
+hand-offs: at 8 clients a request costs 1.5-2 times what it does alone)
+shows only in proxy_overhead.py.
+
+Standard library only; Python 3.9+.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import proxy_overhead as po  # noqa: E402
+
+SIDES = ("pass", "rag", "cached", "fresh")
+SCENARIOS = ("chat", "claude")
+PASS_MODEL = "pass-through"
+
+
+def worker_config(upstream_port, kb_section):
+    """proxy_overhead's retrieval config, with one model more that has no knowledge base."""
+    config = po._proxy_config(upstream_port, kb_section)
+    return config.replace("models:\n", f'models:\n  - {{name: "{PASS_MODEL}", upstream: fake}}\n', 1)
+
+
+def request_body(scenario, side, body_bytes):
+    """The bytes the load generator would send, less the head: a body, or a callable for a new one each time."""
+    model = PASS_MODEL if side == "pass" else po.CLAUDE_MODEL
+    tool_round, fresh = side == "cached", side == "fresh"
+    if scenario == "claude":
+        sent = po.messages_bytes(0, body_bytes, tool_round=tool_round, fresh=fresh)
+    else:
+        sent = po.request_bytes(0, False, 1000, model, tool_round=tool_round, fresh=fresh)
+    if side == "pass" and scenario == "claude":
+        sent = sent.replace(b'"model": "%s"' % po.CLAUDE_MODEL.encode(), b'"model": "%s"' % PASS_MODEL.encode(), 1)
+    if callable(sent):
+        return lambda: sent().split(b"\r\n\r\n", 1)[1]
+    return sent.split(b"\r\n\r\n", 1)[1]
+
+
+def worker_role(opts):
+    """Serve batches on stdin ("SCENARIO SIDE N [warm]") with one App; answer "ok CPU_US INJECTED" per batch
+    (a warm-up batch is left out of --profile)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(opts.ragproxy)))
+    import ragproxy
+
+    with open(opts.config, encoding="utf-8") as f:
+        config = ragproxy.Config.from_text(f.read())
+    app = ragproxy.App(config, data_dir=opts.data)
+    headers = {"authorization": "Bearer " + po.API_KEY, "content-type": "application/json",
+               "anthropic-version": "2023-06-01"}
+    paths = {"chat": "/v1/chat/completions", "claude": "/v1/messages"}
+    bodies = {}
+    profile = None
+    if opts.profile_out:
+        import cProfile
+        profile = cProfile.Profile(time.thread_time)
+
+    def one(scenario, side):
+        body = bodies.get((scenario, side))
+        if body is None:
+            body = bodies[scenario, side] = request_body(scenario, side, opts.body_bytes)
+        request = ragproxy.Request("POST", paths[scenario], "", headers, body() if callable(body) else body,
+                                   "127.0.0.1")
+        response = app.handle(request)
+        if response.after is not None:   # the request log and metrics, as the server runs them after sending
+            response.after()
+        if response.status != 200:
+            raise RuntimeError(f"{scenario} {side}: HTTP {response.status}: {response.body[:300]!r}")
+        return any(name.lower() == "x-ragproxy-sources" for name, _ in response.headers)
+
+    print("ready", flush=True)
+    try:
+        for line in sys.stdin:
+            scenario, side, count, *warm = line.split()
+            profiling = profile is not None and side == opts.profile and not warm
+            if profiling:
+                profile.enable()
+            started = time.thread_time()
+            injected = sum(one(scenario, side) for _ in range(int(count)))
+            spent = time.thread_time() - started
+            if profiling:
+                profile.disable()
+            print(f"ok {spent / int(count) * 1e6:.2f} {injected}", flush=True)
+    finally:
+        if profile is not None:
+            profile.dump_stats(opts.profile_out)
+        app.close()
+
+
+class Worker:
+    """A worker process for one ragproxy.py, with its own copy of the KB."""
+
+    def __init__(self, opts, script, label, upstream_port, workdir, kb, profile_out):
+        import subprocess
+        data, section, self.kb_facts = po.prepare_kb(kb, opts, script, workdir)
+        config = os.path.join(data, "request_cpu.yaml")
+        with open(config, "w", encoding="utf-8") as f:
+            f.write(worker_config(upstream_port, section))
+        argv = [opts.python, os.path.abspath(__file__), "--role", "worker", "--ragproxy", script, "--data", data,
+                "--config", config, "--body-bytes", str(opts.body_bytes)]
+        if profile_out:
+            argv += ["--profile", opts.profile, "--profile-out", profile_out]
+        env = dict(os.environ, RAGPROXY_SECRET_KEY="bench-secret")
+        env.pop("RAGPROXY_CHECK_SHARED", None)   # a copy per use: not what a user's proxy spends
+        self.label, self.script = label, script
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     bufsize=1)
+        if self.proc.stdout.readline().strip() != "ready":
+            self.stop()
+            raise RuntimeError(f"worker for {script} did not start")
+
+    def batch(self, scenario, side, count, warm=False):
+        self.proc.stdin.write(f"{scenario} {side} {count}{' warm' if warm else ''}\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline().split()
+        if answer[:1] != ["ok"]:
+            self.stop()
+            raise RuntimeError(f"worker for {self.script} failed on {scenario} {side} (its stderr says why)")
+        return float(answer[1]), int(answer[2])
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except Exception:
+                self.proc.kill()
+
+
+def _parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ragproxy", action="append", default=None, metavar="PATH",
+                   help="a ragproxy.py to measure; twice or more for an A/B (default: the checkout's)")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="chat, claude (default both)")
+    p.add_argument("--sides", default=",".join(SIDES), help="pass, rag, cached, fresh (default all)")
+    p.add_argument("--requests", type=int, default=1000, help="requests per batch (default 1000)")
+    p.add_argument("--rounds", type=int, default=5, help="batches per side and version; the median is shown")
+    p.add_argument("--warmup", type=int, default=300, help="requests per side before the first batch")
+    p.add_argument("--kb", default="80k", choices=sorted(po.KB_SPECS), help="the knowledge base (default 80k)")
+    p.add_argument("--kb-docs", type=int, default=0, help="only the first N documents of each corpus")
+    p.add_argument("--body-bytes", type=int, default=120_000, help="size of the claude body (default 120000)")
+    p.add_argument("--cache-dir", default=os.environ.get("RAGPROXY_BENCH_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ragproxy-bench"),
+        help="where the KB is built once (shared with proxy_overhead.py)")
+    p.add_argument("--eval-dir", default=po.EVAL_DIR, help="the shared eval corpora (default ../shared/eval)")
+    p.add_argument("--python", default=sys.executable, help="interpreter for the workers and the upstream")
+    p.add_argument("--profile", choices=SIDES, help="cProfile this side's batches (thread CPU time)")
+    p.add_argument("--profile-out", help="with --profile: the stats file (one per version: .1, .2, ... added)")
+    p.add_argument("--json", action="store_true", help="also print one JSON line with every figure")
+    p.add_argument("--role", choices=("worker",), help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
+    opts = p.parse_args(argv)
+    opts.ragproxy = [os.path.abspath(path) for path in (opts.ragproxy or [po.RAGPROXY])]
+    opts.scenario_list = [s for s in opts.scenarios.split(",") if s]
+    opts.side_list = [s for s in opts.sides.split(",") if s]
+    for name, given, known in (("scenario", opts.scenario_list, SCENARIOS), ("side", opts.side_list, SIDES)):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            p.error(f"unknown {name}(s): {', '.join(unknown)} (choose from {', '.join(known)})")
+    if opts.profile and not opts.profile_out:
+        p.error("--profile needs --profile-out")
+    return opts
+
+
+def main(argv=None):
+    opts = _parse_args(sys.argv[1:] if argv is None else argv)
+    if opts.role == "worker":
+        opts.ragproxy = opts.ragproxy[0]
+        worker_role(opts)
+        return 0
+    labels = [f"v{i}" for i in range(1, len(opts.ragproxy) + 1)] if len(opts.ragproxy) > 1 else ["ragproxy"]
+    print("ragproxy request-CPU benchmark (in process, one request at a time)")
+    for label, script in zip(labels, opts.ragproxy):
+        print(f"  {label}: {po.version_line(opts.python, script, False)}")
+    print(f"  {opts.rounds} batches of {opts.requests} requests per side and version, interleaved, after "
+          f"{opts.warmup} warm-up requests; the median batch's thread CPU per request")
+    workdir = tempfile.mkdtemp(prefix="ragproxy-request-cpu-")
+    upstream, workers = None, []
+    try:
+        upstream = po.Child([opts.python, os.path.join(HERE, "proxy_overhead.py"), "--role", "upstream"],
+                            dict(os.environ), None, "fake upstream")
+        for n, (label, script) in enumerate(zip(labels, opts.ragproxy), 1):
+            out = None
+            if opts.profile:
+                out = opts.profile_out if len(labels) == 1 else f"{opts.profile_out}.{n}"
+            workers.append(Worker(opts, script, label, upstream.port, workdir, opts.kb, out))
+        facts = workers[0].kb_facts
+        print(f"  KB {opts.kb}: {facts['chunks']} chunks from {facts['docs']} documents of "
+              f"{' + '.join(facts['corpora'])}")
+        pairs = [(scenario, side) for scenario in opts.scenario_list for side in opts.side_list]
+        for worker in workers:
+            for scenario, side in pairs:
+                worker.batch(scenario, side, opts.warmup, warm=True)
+        figures = {(scenario, side, w.label): [] for scenario, side in pairs for w in workers}
+        injected = dict.fromkeys(figures, 0)
+        for _ in range(opts.rounds):
+            for scenario, side in pairs:
+                for worker in workers:
+                    us, hits = worker.batch(scenario, side, opts.requests)
+                    figures[scenario, side, worker.label].append(us)
+                    injected[scenario, side, worker.label] += hits
+        print_table(pairs, labels, figures)
+        if opts.json:
+            rows = [{"scenario": scenario, "side": side, "version": label, "script": script,
+                     "cpu_us": statistics.median(figures[scenario, side, label]),
+                     "batches": figures[scenario, side, label], "requests": opts.requests * opts.rounds,
+                     "injected": injected[scenario, side, label]}
+                    for scenario, side in pairs for label, script in zip(labels, opts.ragproxy)]
+            print(json.dumps({"bench": "request_cpu", "python": sys.version.split()[0], "kb": facts,
+                              "results": rows}, separators=(",", ":")))
+    finally:
+        for worker in workers:
+            worker.stop()
+        if upstream is not None:
+            upstream.stop()
+        import shutil
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def print_table(pairs, labels, figures):
+    """Median CPU per request by scenario and side; with two versions, the second's change from the first."""
+    header = f"{'scenario':<9}{'side':<8}" + "".join(f"{label:>12}" for label in labels)
+    if len(labels) == 2:
+        header += f"{'change':>12}"
+    print()
+    print("thread CPU per request (us), median of the batches")
+    print(header)
+    for scenario, side in pairs:
+        medians = [statistics.median(figures[scenario, side, label]) for label in labels]
+        row = f"{scenario:<9}{side:<8}" + "".join(f"{m:>12.1f}" for m in medians)
+        if len(labels) == 2:
+            row += f"{(medians[1] - medians[0]) / medians[0] * 100:>+11.1f}%"
+        print(row)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
