@@ -203,12 +203,13 @@ class Members:
 
 
 # ParseMemo's defaults: how much text and values it holds in all, and the
-# shortest value worth keeping (json parses a short one faster than a lookup
-# copies it).
+# shortest value worth keeping (chosen when a hit was a marshal copy, which a
+# short value's parse beat; the runs of entries cover short entries anyway).
 PARSE_MEMO_BYTES = 32 << 20
 PARSE_MEMO_MIN_CHARS = 512
 # The smallest body worth reading through a memo whatever it is for: below it
-# the parse is too cheap for copies to win back what keeping them costs.
+# the plain parse is cheaper than the walk that finds the members (measured
+# with shared values: 13.6 against 15.2 us at 16 KB, 26.0 against 15.9 at 32 KB).
 PARSE_MEMO_MIN_BODY = 16 << 10
 # How much of a value's text names its records: the rest is compared, not hashed.
 _MEMO_HEAD = 128
