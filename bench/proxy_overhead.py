@@ -375,8 +375,10 @@ class Child:
                 self.proc.wait()
 
 
-def _proxy_config(upstream_port, kb_section=None):
-    """The proxy's config: every model to the fake upstream, with the KB ``kb`` when given its section."""
+def proxy_config(upstream_port, kb_section=None, plain_models=()):
+    """The proxy's config: every model to the fake upstream, with the KB ``kb`` when given its section;
+    ``plain_models`` are named models without it (a pass-through beside the retrieval model)."""
+    plain = "".join(f'  - {{name: "{name}", upstream: fake}}\n' for name in plain_models)
     return f"""\
 server:
   host: 127.0.0.1
@@ -388,7 +390,7 @@ providers:
   llm:
     fake: {{type: openai, base_url: "http://127.0.0.1:{upstream_port}/v1", api_key: upstream-key}}
 models:
-  - {{name: "*", upstream: fake{", kb: [kb]" if kb_section else ""}}}
+{plain}  - {{name: "*", upstream: fake{", kb: [kb]" if kb_section else ""}}}
 {kb_section or ""}"""
 
 
@@ -398,7 +400,7 @@ def start_proxy(python, script, upstream_port, workdir, pure, cprofile_out=None,
     os.makedirs(data_dir, exist_ok=True)
     config = os.path.join(data_dir, "config.yaml")
     with open(config, "w", encoding="utf-8") as f:
-        f.write(_proxy_config(upstream_port, kb[1] if kb else None))
+        f.write(proxy_config(upstream_port, kb[1] if kb else None))
     env = dict(os.environ, RAGPROXY_SECRET_KEY="bench-secret")
     env.pop("RAGPROXY_PURE", None)
     if pure:
@@ -497,7 +499,7 @@ def prepare_kb(name, opts, script, workdir):
                     f.write(data)
             config = os.path.join(cached, "build.yaml")
             with open(config, "w", encoding="utf-8") as f:
-                f.write(_proxy_config(9, section))
+                f.write(proxy_config(9, section))
             chunks = _index(opts.python, script, os.path.join(cached, "data"), config)
             built = round(time.perf_counter() - started, 1)
             with open(os.path.join(cached, "built"), "w") as f:
@@ -506,7 +508,7 @@ def prepare_kb(name, opts, script, workdir):
         shutil.copytree(os.path.join(cached, "data"), data_dir)   # copy2: mtimes kept, so nothing looks changed
     config = os.path.join(data_dir, "check.yaml")
     with open(config, "w", encoding="utf-8") as f:
-        f.write(_proxy_config(9, section))
+        f.write(proxy_config(9, section))
     chunks = _index(opts.python, script, data_dir, config)
     return data_dir, section, {"corpora": list(corpora), "docs": docs, "chunks": chunks, "chunking": chunking,
                                "cache": cached, "built_seconds": built}
@@ -717,13 +719,13 @@ def request_bytes(port, stream, prompt_bytes, model, tool_round=False, auth=None
 _AGENT_BODIES = {}
 
 
-def messages_bytes(port, size, tool_round=False, auth=None, stream=False, fresh=False):
+def messages_bytes(port, size, tool_round=False, auth=None, stream=False, fresh=False, model=CLAUDE_MODEL):
     """A Claude Code /v1/messages request of about ``size`` bytes (request_body.agent_loop_body);
     ``fresh``: a Fresh whose question changes with each request."""
-    key = (size, tool_round, stream, fresh)
+    key = (size, tool_round, stream, fresh, model)
     if key not in _AGENT_BODIES:
         prompt = AGENT_PROMPT + (" (question " + FRESH_SLOT.decode() + ")" if fresh else "")
-        _AGENT_BODIES[key] = agent_loop_body(size, tool_round=tool_round, model=CLAUDE_MODEL, stream=stream,
+        _AGENT_BODIES[key] = agent_loop_body(size, tool_round=tool_round, model=model, stream=stream,
                                              prompt=prompt)
     body = _AGENT_BODIES[key]
     head = (f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"

@@ -34,11 +34,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -49,22 +50,14 @@ SCENARIOS = ("chat", "claude")
 PASS_MODEL = "pass-through"
 
 
-def worker_config(upstream_port, kb_section):
-    """proxy_overhead's retrieval config, with one model more that has no knowledge base."""
-    config = po._proxy_config(upstream_port, kb_section)
-    return config.replace("models:\n", f'models:\n  - {{name: "{PASS_MODEL}", upstream: fake}}\n', 1)
-
-
 def request_body(scenario, side, body_bytes):
     """The bytes the load generator would send, less the head: a body, or a callable for a new one each time."""
     model = PASS_MODEL if side == "pass" else po.CLAUDE_MODEL
     tool_round, fresh = side == "cached", side == "fresh"
     if scenario == "claude":
-        sent = po.messages_bytes(0, body_bytes, tool_round=tool_round, fresh=fresh)
+        sent = po.messages_bytes(0, body_bytes, tool_round=tool_round, fresh=fresh, model=model)
     else:
         sent = po.request_bytes(0, False, 1000, model, tool_round=tool_round, fresh=fresh)
-    if side == "pass" and scenario == "claude":
-        sent = sent.replace(b'"model": "%s"' % po.CLAUDE_MODEL.encode(), b'"model": "%s"' % PASS_MODEL.encode(), 1)
     if callable(sent):
         return lambda: sent().split(b"\r\n\r\n", 1)[1]
     return sent.split(b"\r\n\r\n", 1)[1]
@@ -124,11 +117,10 @@ class Worker:
     """A worker process for one ragproxy.py, with its own copy of the KB."""
 
     def __init__(self, opts, script, label, upstream_port, workdir, kb, profile_out):
-        import subprocess
         data, section, self.kb_facts = po.prepare_kb(kb, opts, script, workdir)
         config = os.path.join(data, "request_cpu.yaml")
         with open(config, "w", encoding="utf-8") as f:
-            f.write(worker_config(upstream_port, section))
+            f.write(po.proxy_config(upstream_port, section, plain_models=(PASS_MODEL,)))
         argv = [opts.python, os.path.abspath(__file__), "--role", "worker", "--ragproxy", script, "--data", data,
                 "--config", config, "--body-bytes", str(opts.body_bytes)]
         if profile_out:
@@ -247,7 +239,6 @@ def main(argv=None):
             worker.stop()
         if upstream is not None:
             upstream.stop()
-        import shutil
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
