@@ -49,7 +49,9 @@ class BM25Index:
     postings of its terms and keeps the best ``top_k``.  Terms are visited from
     the highest possible contribution down; once the k-th best score so far
     beats everything the remaining terms could add, those terms only update
-    the documents still in the running (MaxScore).  Results are exact.
+    the documents still in the running (MaxScore).  A query whose terms have
+    few postings in all is added up whole instead, in fewer array operations
+    (EXHAUSTIVE_MAX_POSTINGS).  Results are exact, the same to the bit either way.
 
     Field weighting is the caller's: repeat the tokens of a title, heading, path
     or symbol name to boost them.  Recommended: title/heading/path tokens twice,
@@ -64,6 +66,16 @@ class BM25Index:
     rankings: a loaded index scores with numpy when it is already imported or
     the postings are many enough to pay for importing it (NUMPY_MIN_POSTINGS).
     """
+
+    #: Postings (all the query's terms') up to which numpy adds every one up in a single bincount and looks
+    #: for the best among the documents they name, instead of pruning term by term.  Pruning spends a few
+    #: array operations a term, over the whole corpus's scores; each lets the GIL go, and under a proxy's
+    #: concurrent requests the search waits to get it back each time, holding the lock below.  Measured on
+    #: an 80k-chunk index (bench/RESULTS.md, session 20), median per query, exhaustive against pruned: up to
+    #: 5,000 postings 31 against 58 us; 5,000-10,000 47 against 76 us; 10,000-20,000 78 against 92 us;
+    #: 20,000-30,000 224 against 126 us, past the size (16,384 float64 scores, 128 KiB) where malloc gives
+    #: each array fresh pages.  GIL hand-offs per search, a query of 8,303 postings: 6 against 19.
+    EXHAUSTIVE_MAX_POSTINGS = 16_384
 
     #: Postings below which a loaded index scores in pure Python rather than import numpy for it:
     #: the pure path sums ~10 million postings a second here, importing numpy takes ~50 ms.  They
@@ -281,6 +293,9 @@ class BM25Index:
 
     def _search_numpy(self, arrays, terms, rest, top_k):
         np, indptr, doc_ids, weights = arrays
+        spans = [(int(indptr[tid]), int(indptr[tid + 1]), count) for _, tid, count in terms]
+        if sum(hi - lo for lo, hi, _ in spans) <= self.EXHAUSTIVE_MAX_POSTINGS:
+            return self._search_exhaustive(np, doc_ids, weights, spans, top_k)
         cands = None      # once set, only these documents can still make the top k
         theta = 0.0       # a lower bound on the final k-th best score
         done = 0.0        # sum of the bounds of the terms scored in full
@@ -294,15 +309,14 @@ class BM25Index:
             done += terms[first][0]
             first += 1
         if first > 1:
-            spans = [(int(indptr[tid]), int(indptr[tid + 1]), count) for _, tid, count in terms[:first]]
-            docs = np.concatenate([doc_ids[lo:hi] for lo, hi, _ in spans])
-            w = np.concatenate([_term_weights(np, weights, lo, hi, count) for lo, hi, count in spans])
+            docs = np.concatenate([doc_ids[lo:hi] for lo, hi, _ in spans[:first]])
+            w = np.concatenate([_term_weights(np, weights, lo, hi, count) for lo, hi, count in spans[:first]])
             scores = np.bincount(docs, weights=w, minlength=self.n_docs)
         else:
             first, done = 0, 0.0
             scores = np.zeros(self.n_docs)
-        for j, (bound, tid, count) in enumerate(terms[first:], first):
-            lo, hi = int(indptr[tid]), int(indptr[tid + 1])
+        for j, (bound, _, count) in enumerate(terms[first:], first):
+            lo, hi, _ = spans[j]
             if lo == hi:
                 continue
             docs = doc_ids[lo:hi]
@@ -345,6 +359,29 @@ class BM25Index:
             cands, cs = cands[keep], cs[keep]
         order = np.lexsort((cands, -cs))[:top_k]
         return [(int(d), float(s)) for d, s in zip(cands[order], cs[order])]
+
+    def _search_exhaustive(self, np, doc_ids, weights, spans, top_k):
+        """The best ``top_k`` of every document in the postings ``spans``, each posting added once."""
+        docs = np.concatenate([doc_ids[lo:hi] for lo, hi, _ in spans])
+        w = np.concatenate([_term_weights(np, weights, lo, hi, count) for lo, hi, count in spans])
+        scores = np.bincount(docs, weights=w, minlength=self.n_docs)
+        found = scores.take(docs)   # a document's score once for each of its terms
+        # Fewer than top_k documents score above the k-th best, each found at most once a term: so no
+        # more than (top_k - 1) * terms places hold more than it, and the next place holds no more.
+        place = (top_k - 1) * len(spans) + 1
+        if len(found) > place:
+            floor = np.partition(found, len(found) - place)[len(found) - place]
+            keep = found >= floor
+            docs, found = docs[keep], found[keep]
+        order = np.lexsort((docs, -found))
+        best, last = [], -1
+        for doc, score in zip(docs[order].tolist(), found[order].tolist()):
+            if doc != last:   # a document's places are neighbours: the same score, the same doc id
+                best.append((doc, score))
+                if len(best) == top_k:
+                    break
+                last = doc
+        return best
 
     def _search_pure(self, terms, rest, top_k):
         indptr, doc_ids, weights = self.indptr, self.doc_ids, self.weights

@@ -164,10 +164,16 @@ def test_pure_path_returns_exact_top_k(pure):
                           rel=1e-5)
 
 
+# numpy adds a query's postings up whole below EXHAUSTIVE_MAX_POSTINGS, and prunes above it.
+NUMPY_WAYS = {"whole": 1 << 40, "pruned": 0}
+
+
 @needs_numpy
-def test_numpy_and_pure_paths_agree(monkeypatch):
+@pytest.mark.parametrize("way", sorted(NUMPY_WAYS))
+def test_numpy_and_pure_paths_agree(monkeypatch, way):
     docs, queries = random_corpus(2)
     fast = BM25Index.build(docs)
+    fast.EXHAUSTIVE_MAX_POSTINGS = NUMPY_WAYS[way]
     assert isinstance(fast.weights, numpy.ndarray)
     monkeypatch.setattr(deps, "np", None)
     slow = BM25Index.build(docs)
@@ -175,8 +181,28 @@ def test_numpy_and_pure_paths_agree(monkeypatch):
     for query in queries:
         for top_k in (1, 10, 100):
             got = fast.search(query, top_k)
-            assert_ranked(got, slow.search(query, top_k))
+            assert got == slow.search(query, top_k)   # to the bit
             assert_ranked(got, reference_top(docs, query, top_k), rel=1e-5)
+
+
+@needs_numpy
+def test_numpy_adds_up_whole_or_prunes_to_the_same_bits():
+    docs, queries = random_corpus(7, n_docs=1000)
+    docs += [["t0", "t1", "t2"]] * 12   # equal scores: ties by doc id, across the top_k boundary
+    queries += [["t0", "t1", "t2"], ["t1", "t1", "t2", "t2", "t2"], ["t299", "nowhere"], ["nowhere"]]
+    index = BM25Index.build(docs)
+    postings = [sum(index.doc_freq(term) for term in set(query)) for query in queries]
+    index.EXHAUSTIVE_MAX_POSTINGS = sorted(postings)[len(postings) // 2]   # by size, as the default does
+    forced = {way: BM25Index.build(docs) for way in NUMPY_WAYS}
+    for way, limit in NUMPY_WAYS.items():
+        forced[way].EXHAUSTIVE_MAX_POSTINGS = limit
+    for query in queries:
+        reference = reference_top(docs, query, len(docs))
+        for top_k in (1, 2, 5, 13, 100, 5000):
+            got = {way: forced[way].search(query, top_k) for way in NUMPY_WAYS}
+            assert got["whole"] == got["pruned"] == index.search(query, top_k)
+            if top_k <= 100:   # deeper, float32 weights may order near-ties other than exact sums would
+                assert_ranked(got["whole"], reference[:top_k], rel=1e-5)
 
 
 def test_finds_code_and_prose_the_way_a_user_asks():
