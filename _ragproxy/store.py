@@ -21,6 +21,7 @@ import errno
 import itertools
 import json
 import logging
+import mmap
 import os
 import re
 import shutil
@@ -76,14 +77,6 @@ def _flock_module():
     return fcntl
 
 
-def _pread(fd, length, offset, lock):
-    if hasattr(os, "pread"):
-        return os.pread(fd, length, offset)
-    with lock:
-        os.lseek(fd, offset, os.SEEK_SET)
-        return os.read(fd, length)
-
-
 def _check_file_name(name):
     if not isinstance(name, str) or not _FILE_NAME_RE.match(name):
         raise ValueError("bad file name %r: use letters, digits, '.', '_' and '-'" % (name,))
@@ -134,23 +127,32 @@ class _Registry:
 _REGISTRY = _Registry()
 
 
-def _close_fd(fd):
-    with contextlib.suppress(OSError):
-        os.close(fd)
+def _close_map(mapped):
+    if mapped is not None:
+        mapped.close()
 
 
 class _ChunkList:
     """The chunks of a generation, read from chunks.jsonl on demand.
 
     chunks.idx.npy holds the byte offset of every line (plus the end), so
-    chunk i costs one pread however large the file is.
+    chunk i is one slice of the memory-mapped file however large it is.  A
+    map rather than pread: each pread is a system call that lets the GIL go,
+    and a new question reads one chunk per hit, so under concurrency every
+    hit was a thread hand-off; the slice copies bytes holding the GIL.
     """
 
-    def __init__(self, fd, offsets, count):
-        self._fd, self._offsets, self._count = fd, offsets, count
-        self._lock = threading.Lock()
-        # The list owns the descriptor: it may outlive its Generation.
-        self._closer = weakref.finalize(self, _close_fd, fd)
+    def __init__(self, path, offsets, count):
+        self._offsets, self._count = offsets, count
+        end = int(offsets[count]) if count else 0
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < end:
+                raise StoreError("%s: %d bytes, shorter than its index (%d)" % (path, size, end))
+            # mmap refuses an empty file; a generation without chunks reads nothing.
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        # The map owns its own handle and may outlive its Generation.
+        self._closer = weakref.finalize(self, _close_map, self._map)
 
     def close(self):
         self._closer()
@@ -176,11 +178,9 @@ class _ChunkList:
 
     def raw_range(self, start, stop):
         """Chunks start..stop-1 as their stored JSON lines (for copying)."""
-        a, b = int(self._offsets[start]), int(self._offsets[stop])
-        data = _pread(self._fd, b - a, a, self._lock)
-        if len(data) != b - a:
-            raise StoreError("chunks.jsonl is shorter than its index")
-        return data
+        if start >= stop:
+            return b""
+        return self._map[int(self._offsets[start]):int(self._offsets[stop])]
 
     def __iter__(self):
         step = 4096
@@ -223,8 +223,7 @@ class Generation:
             self.compact = self._open_rows(data_name, count, arrays)
             if scale_name:
                 self.compact_scales = self._open_rows(scale_name, count, arrays)
-        fd = os.open(self.path(_CHUNKS), os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        self.chunks = _ChunkList(fd, self.offsets, count)
+        self.chunks = _ChunkList(self.path(_CHUNKS), self.offsets, count)
         self._arrays = arrays
         self._manifest = None
         self._rows_by_id = None

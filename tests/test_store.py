@@ -352,6 +352,42 @@ def test_damaged_current_generation_falls_back_to_previous(tmp_path, mode, caplo
     assert "vectors.npy" in caplog.text
 
 
+def test_chunks_shorter_than_their_index_are_refused_at_open(tmp_path, mode, caplog):
+    # Even when meta.json agrees with the damaged size, a chunk list is never
+    # mapped past the end of its file (that would be SIGBUS on first read).
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    commit_state(store, 3, "one")
+    commit_state(store, 4, "two")
+    gen_dir = os.path.join(root, "g000002")
+    path = os.path.join(gen_dir, "chunks.jsonl")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-10])
+    meta_path = os.path.join(gen_dir, "meta.json")
+    meta = json.load(open(meta_path))
+    meta["files"]["chunks.jsonl"] = len(data) - 10
+    open(meta_path, "w").write(json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="ragproxy"):
+        gen = ragproxy.KBStore(root).current()
+    assert gen.number == 1 and [c["id"] for c in gen.chunks] == ["one-0", "one-1", "one-2"]
+    assert "shorter than its index" in caplog.text
+
+
+@pytest.mark.skipif(os.name == "nt", reason="Windows keeps an open file's directory")
+def test_chunks_handed_out_read_on_after_their_generation_is_collected(tmp_path, mode):
+    root = str(tmp_path / "kb")
+    store = ragproxy.KBStore(root)
+    chunks, _ = commit_state(store, 5, "old")
+    taken = store.current().chunks     # the Generation itself is dropped at once
+    for n in range(3):
+        commit_state(store, 2, "new%d" % n)
+    assert "g000001" not in kb_entries(root)
+    assert taken.get_many([4, 0]) == [chunks[4], chunks[0]] and list(taken) == chunks
+    taken.close()
+    with pytest.raises(ValueError):
+        taken[0]
+
+
 def test_generation_without_meta_is_not_complete(tmp_path, mode):
     root = str(tmp_path / "kb")
     store = ragproxy.KBStore(root)
