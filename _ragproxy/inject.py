@@ -534,12 +534,38 @@ def _fill_template(template, values):
     One pass over the template, so braces inside the values (code, user text)
     are never read as placeholders.
     """
-    def field(m):
-        token = m.group(0)
-        if token in ("{{", "}}"):
-            return token[0]
-        return values.get(m.group(1), token)
-    return _TEMPLATE_FIELD_RE.sub(field, template)
+    form, names = _format_string(template, frozenset(values))
+    return form.format(*[values[name] for name in names])
+
+
+@functools.lru_cache(maxsize=128)   # a config names a few templates, each filled per chunk per retrieval
+def _format_string(template, names):
+    """``(form, order)``: ``template`` as a str.format string with an ``{}`` for each
+    placeholder named in ``names``, and those names in order.
+
+    Every other brace, and a placeholder not in ``names``, is escaped to
+    stand for itself.  Filled in one C call rather than a regex callback per
+    placeholder; ``{}`` rather than ``{name}``, which str.format would read
+    as an index when ``name`` is digits.
+    """
+    form, order, at = [], [], 0
+    for m in _TEMPLATE_FIELD_RE.finditer(template):
+        form.append(_escape_braces(template[at:m.start()]))
+        name = m.group(1)
+        if name is None:
+            form.append(m.group(0))
+        elif name in names:
+            form.append("{}")
+            order.append(name)
+        else:
+            form.append(_escape_braces(m.group(0)))
+        at = m.end()
+    form.append(_escape_braces(template[at:]))
+    return "".join(form), tuple(order)
+
+
+def _escape_braces(text):
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 def _chunk_values(chunk, index, content=None):
@@ -599,25 +625,36 @@ def render_context(chunks, template, chunk_template, max_tokens, query="", count
 
 def render_chunks(chunks, chunk_template, budget, count_tokens=estimate_tokens_text):
     """(context, used): ``chunks`` rendered with ``chunk_template`` and joined, within
-    ``budget`` tokens (see render_context); ("", []) when nothing fits."""
-    pieces, used = [], []
+    ``budget`` tokens (see render_context); ("", []) when nothing fits.
+
+    ``count_tokens`` counts no more tokens than a text has UTF-8 bytes, as
+    every tokenizer and estimate_tokens_text do: when the bytes of the whole
+    fit the budget nothing is counted, as every chunk would be taken anyway.
+    """
+    pieces = [_fill_template(chunk_template, _chunk_values(chunk, index)) for index, chunk in enumerate(chunks, 1)]
+    if pieces and sum(map(_utf8_length, pieces)) + len(_CHUNK_SEPARATOR) * (len(pieces) - 1) <= budget:
+        return _CHUNK_SEPARATOR.join(pieces), list(chunks)
+    taken, used = [], []
     separator = None   # its tokens, counted once
-    for index, chunk in enumerate(chunks, 1):
-        piece = _fill_template(chunk_template, _chunk_values(chunk, index))
-        if pieces and separator is None:
+    for piece, chunk in zip(pieces, chunks):
+        if taken and separator is None:
             separator = count_tokens(_CHUNK_SEPARATOR)
-        cost = count_tokens(piece) + (separator if pieces else 0)
+        cost = count_tokens(piece) + (separator if taken else 0)
         if cost > budget:
-            if not pieces:
+            if not taken:
                 cut = _truncate_chunk(chunk, chunk_template, budget, count_tokens)
                 if cut:
-                    pieces.append(cut[0])
+                    taken.append(cut[0])
                     used.append(cut[1])
             break
-        pieces.append(piece)
+        taken.append(piece)
         used.append(chunk)
         budget -= cost
-    return _CHUNK_SEPARATOR.join(pieces), used
+    return _CHUNK_SEPARATOR.join(taken), used
+
+
+def _utf8_length(text):
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def fill_template(template, context, query):

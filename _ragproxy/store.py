@@ -188,7 +188,16 @@ class _ChunkList:
             yield from self._read_range(start, min(self._count, start + step))
 
     def get_many(self, rows):
-        return [self[i] for i in rows]
+        """The chunks at ``rows``, in that order: a search's hits, read once per request."""
+        count, mapped = self._count, self._map
+        offsets = self._offsets.flat if self._offsets.flat is not None else self._offsets
+        chunks = []
+        for i in rows:
+            if not 0 <= i < count:
+                raise IndexError("chunk %d out of range for %d chunks" % (i, count))
+            # Decoded here: json.loads would first sniff the encoding of bytes.
+            chunks.append(json.loads(mapped[offsets[i]:offsets[i + 1]].decode("utf-8")))
+        return chunks
 
 
 class Generation:

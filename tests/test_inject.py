@@ -11,7 +11,7 @@ import re
 import pytest
 
 import ragproxy
-from _ragproxy import jsonbody
+from _ragproxy import inject, jsonbody
 from _ragproxy.api import ClientError
 from _ragproxy.inject import continues_turn, fill_template, question_text, render_chunks, uses_query
 
@@ -555,6 +555,62 @@ def test_render_nothing_when_nothing_fits():
     assert ragproxy.render_context([chunk(1, "x")], "{context}", "{content}", 0) == ("", [])
     assert ragproxy.render_context([chunk(1, "x y z")], "a b c d {context}", "{content}", 3,
                                    count_tokens=lambda s: len(s.split())) == ("", [])
+
+
+def test_templates_fill_only_their_placeholders_and_keep_every_other_brace():
+    assert fill_template("{{context}} {context} {other} {0} }{ {", "C}{", "Q") == "{context} C}{ {other} {0} }{ {"
+    assert inject._fill_template("{0}{index}{0x}", {"0": "zero", "index": "1"}) == "zero1{0x}"
+    # Fuzzed against the rule read literally: one left-to-right pass over {{, }} and {name}.
+    placeholder = re.compile(r"\{\{|\}\}|\{(\w+)\}")
+
+    def literally(template, values):
+        return placeholder.sub(lambda m: m.group(0)[0] if m.group(1) is None else values.get(m.group(1), m.group(0)),
+                               template)
+    parts = ["{", "}", "{{", "}}", "a", " ", "é", "{content}", "{index}", "{0}", "{x}", "{é}", "{content!r}",
+             "{content:>5}", "{ }", "{{content}}", "{{{content}}}", "{_}", "\n"]
+    values = {"content": "C{x}}", "index": "1", "0": "zero", "_": "U"}
+    rnd = random.Random(3)
+    for _ in range(5000):
+        template = "".join(rnd.choice(parts) for _ in range(rnd.randint(0, 9)))
+        some = dict(rnd.sample(sorted(values.items()), rnd.randint(0, len(values))))
+        assert inject._fill_template(template, some) == literally(template, some), template
+
+
+# What render_chunks' shortcut rests on: no more tokens than UTF-8 bytes, for every kind of character.
+TEXT_PIECES = ["a", "Zebra", "konfigurationsdatei", "é", "Änderung", "日本語", "\n", "\t", " ", "7", "2026", "{}",
+               "()->", "€", "→", "😀", "\ud800", "__init__", "x=1;", "\u0301", "ß"]
+
+
+def random_text(rnd, pieces=12):
+    return "".join(rnd.choice(TEXT_PIECES) for _ in range(rnd.randint(0, pieces)))
+
+
+def test_token_estimate_never_exceeds_utf8_bytes():
+    rnd = random.Random(20)
+    for _ in range(20000):
+        text = random_text(rnd)
+        assert ragproxy.estimate_tokens_text(text) <= len(text.encode("utf-8", "surrogatepass")), text
+
+
+@pytest.mark.parametrize("count_name", ["estimate", "words"])
+def test_render_chunks_takes_the_longest_prefix_of_whole_chunks_that_fits_at_every_budget(count_name):
+    # The same rule whether the whole fits by its bytes (nothing counted) or chunks are counted one by one.
+    count = ragproxy.estimate_tokens_text if count_name == "estimate" else lambda s: len(s.split())
+    rnd = random.Random(5)
+    for _ in range(60):
+        chunks = [chunk(k, random_text(rnd, 30) or "x") for k in range(1, rnd.randint(1, 5) + 1)]
+        pieces = [fill_template("{context}", c["content"].rstrip("\r\n"), "") for c in chunks]
+        total = sum(len(p.encode("utf-8", "surrogatepass")) for p in pieces) + 2 * (len(pieces) - 1)
+        for budget in range(0, total + 3):
+            context, used = render_chunks(chunks, "{content}", budget, count)
+            if used and used[0].get("truncated"):
+                assert len(used) == 1 and count(context) <= budget
+                continue
+            assert used == chunks[:len(used)] and context == "\n\n".join(pieces[:len(used)])
+            costs = [count(p) + (count("\n\n") if i else 0) for i, p in enumerate(pieces)]
+            assert sum(costs[:len(used)]) <= budget
+            if len(used) < len(chunks):
+                assert sum(costs[:len(used) + 1]) > budget
 
 
 # Exact cl100k_base / o200k_base counts, measured with tiktoken.

@@ -78,6 +78,10 @@ def test_commit_and_reload_round_trip(tmp_path, mode):
     assert list(gen.chunks) == chunks
     assert gen.chunks[7] == chunks[7] and gen.chunks[-1] == chunks[-1]
     assert gen.chunks[3:9] == chunks[3:9] and gen.chunks[::7] == chunks[::7]
+    assert gen.chunks.get_many([24, 0, 7, 7]) == [chunks[24], chunks[0], chunks[7], chunks[7]]
+    for row in (25, -1):
+        with pytest.raises(IndexError):
+            gen.chunks.get_many([0, row])
     assert gen.manifest == manifest
     assert gen.read_file("bm25.bin") == b"\x00\x01binary"
     assert open(gen.path("notes.txt")).read() == "caller wrote this"
