@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import gc
 import itertools
 import logging
 import math
@@ -233,6 +234,11 @@ _METRIC_FAMILIES = (
      ("kb",)),
     ("gauge", "ragproxy_vectorstore_vectors", "Vectors in the knowledge base's vector store collection.", ("kb",)),
     ("counter", "ragproxy_vectorstore_errors_total", "Failed calls to the knowledge base's vector store.", ("kb",)),
+    ("counter", "ragproxy_python_gc_collections_total",
+     "Runs of Python's cyclic garbage collector in this process, by generation.", ("generation",)),
+    ("gauge", "ragproxy_python_gc_threshold",
+     "The collector's thresholds (gc.get_threshold()), by generation: raised by the serve command.",
+     ("generation",)),
 )
 #: The closed label sets of the MCP families: the MCP server's tools, and what a call came to
 #: ("denied": it named a knowledge base the caller's key may not read).
@@ -243,6 +249,15 @@ MCP_OUTCOMES = ("ok", "error", "denied")
 GUARD_ACTIONS = ("drop", "deny", "flag")
 GUARD_WHERE = ("retrieved", "input")
 _FAMILY_CLASSES = {"counter": _PromCounter, "gauge": _PromGauge, "histogram": _PromHistogram}
+
+
+def gc_samples():
+    """Collector samples of Python's cyclic garbage collector: its runs and thresholds."""
+    out = [("ragproxy_python_gc_collections_total", {"generation": str(n)}, stats["collections"])
+           for n, stats in enumerate(gc.get_stats())]
+    out += [("ragproxy_python_gc_threshold", {"generation": str(n)}, threshold)
+            for n, threshold in enumerate(gc.get_threshold())]
+    return out
 
 
 def store_samples(kb, status):
@@ -282,6 +297,7 @@ class Metrics:
         if predefined:
             for kind, name, help_text, labels, *rest in _METRIC_FAMILIES:
                 self._register(_FAMILY_CLASSES[kind](name, help_text, labels, *rest))
+            self._collectors.append(gc_samples)
 
     def _register(self, family):
         with self._lock:

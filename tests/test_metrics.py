@@ -5,6 +5,7 @@ the rendered text is checked both as strings and through prometheus_client's
 own parser.  The /metrics endpoint of a running proxy is test_reqlog's
 (wired into the proxy).
 """
+import gc
 import math
 import threading
 import time
@@ -103,6 +104,22 @@ def test_collectors_set_gauges_at_render_time_and_a_broken_one_is_ignored():
     from prometheus_client import parser  # requirements-test.txt: never skipped
     gauges = {f.name: f for f in parser.text_string_to_metric_families(text)}
     assert {s.labels["kb"]: s.value for s in gauges["ragproxy_kb_chunks"].samples} == {"docs": 12, 'a"b': 3}
+
+
+def test_the_garbage_collectors_runs_and_thresholds_are_read_at_each_render():
+    from prometheus_client import parser  # requirements-test.txt: never skipped
+
+    def gc_values(text):
+        families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+        return ({s.labels["generation"]: s.value for s in families["ragproxy_python_gc_collections"].samples},
+                {s.labels["generation"]: s.value for s in families["ragproxy_python_gc_threshold"].samples})
+
+    m = Metrics()
+    runs, thresholds = gc_values(m.render())
+    assert thresholds == {str(n): t for n, t in enumerate(gc.get_threshold())}
+    gc.collect()
+    again, _ = gc_values(m.render())
+    assert again["2"] >= runs["2"] + 1 and again["0"] >= runs["0"]
 
 
 def test_metric_labels_are_checked():
