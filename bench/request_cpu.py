@@ -16,15 +16,23 @@ change in the machine's speed lands on all of them alike.
     python bench/request_cpu.py                                  # chat + claude, every side
     python bench/request_cpu.py --ragproxy /tmp/base/ragproxy.py --ragproxy ragproxy.py   # an A/B
     python bench/request_cpu.py --scenarios claude --sides pass,cached --profile cached --profile-out p.prof
+    python bench/request_cpu.py --scenarios chat --sides fresh --threads 8            # under concurrency
 
 Sides: pass (a model without knowledge bases), rag (the same question every
 time: the search and render caches answer), cached (the next tool round of
 the same turn), fresh (a new question every time: a BM25 search).  Bodies,
 fake upstream and KB are proxy_overhead.py's (the 80k-chunk KB by default,
 built once into --cache-dir).  The request log's writer thread and the
-indexer are not in the figure (other threads); what concurrency adds (GIL
-hand-offs: at 8 clients a request costs 1.5-2 times what it does alone)
-shows only in proxy_overhead.py.
+indexer are not in the figure (other threads).
+
+--threads N calls App.handle from N threads at once, each with questions of
+its own, and reads the process's CPU clock instead (the request log's writer
+and the garbage collector are then in the figure) and its context switches
+per request: what concurrency adds, GIL hand-offs above all, without the
+load generator and the sockets of proxy_overhead.py.  Each worker sets the
+cyclic garbage collector's threshold as `serve` does for the version it
+runs (Python's default for a version that sets none); --gc-threshold sets
+another for every version.
 
 Standard library only; Python 3.9+.
 """
@@ -32,6 +40,7 @@ Standard library only; Python 3.9+.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -39,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,8 +60,13 @@ SCENARIOS = ("chat", "claude")
 PASS_MODEL = "pass-through"
 
 
-def request_body(scenario, side, body_bytes):
-    """The bytes the load generator would send, less the head: a body, or a callable for a new one each time."""
+# A thread's new questions are numbered from its own multiple of this: no two threads ask the same.
+_QUESTIONS_PER_THREAD = 10 ** 8
+
+
+def request_body(scenario, side, body_bytes, first=0):
+    """The bytes the load generator would send, less the head: a body, or a callable for a new one each
+    time (new questions numbered from ``first``)."""
     model = PASS_MODEL if side == "pass" else po.CLAUDE_MODEL
     tool_round, fresh = side == "cached", side == "fresh"
     if scenario == "claude":
@@ -59,16 +74,31 @@ def request_body(scenario, side, body_bytes):
     else:
         sent = po.request_bytes(0, False, 1000, model, tool_round=tool_round, fresh=fresh)
     if callable(sent):
+        sent.count = first
         return lambda: sent().split(b"\r\n\r\n", 1)[1]
     return sent.split(b"\r\n\r\n", 1)[1]
 
 
+def _context_switches():
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
+
+
 def worker_role(opts):
-    """Serve batches on stdin ("SCENARIO SIDE N [warm]") with one App; answer "ok CPU_US INJECTED" per batch
-    (a warm-up batch is left out of --profile)."""
+    """Serve batches on stdin ("SCENARIO SIDE N [warm]") with one App; answer "ok CPU_US INJECTED SWITCHES"
+    per batch, SWITCHES being context switches per request (a warm-up batch is left out of --profile)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(opts.ragproxy)))
     import ragproxy
 
+    threshold = opts.gc_threshold
+    if threshold is None:
+        try:
+            from _ragproxy.cli import SERVE_GC_THRESHOLD as threshold
+        except ImportError:   # a version whose serve leaves the collector as Python sets it
+            threshold = None
+    if threshold is not None:
+        gc.set_threshold(threshold, *gc.get_threshold()[1:])
     with open(opts.config, encoding="utf-8") as f:
         config = ragproxy.Config.from_text(f.read())
     app = ragproxy.App(config, data_dir=opts.data)
@@ -81,10 +111,11 @@ def worker_role(opts):
         import cProfile
         profile = cProfile.Profile(time.thread_time)
 
-    def one(scenario, side):
-        body = bodies.get((scenario, side))
+    def one(scenario, side, thread=0):
+        body = bodies.get((scenario, side, thread))
         if body is None:
-            body = bodies[scenario, side] = request_body(scenario, side, opts.body_bytes)
+            body = bodies[scenario, side, thread] = request_body(scenario, side, opts.body_bytes,
+                                                                 thread * _QUESTIONS_PER_THREAD)
         request = ragproxy.Request("POST", paths[scenario], "", headers, body() if callable(body) else body,
                                    "127.0.0.1")
         response = app.handle(request)
@@ -101,16 +132,48 @@ def worker_role(opts):
             profiling = profile is not None and side == opts.profile and not warm
             if profiling:
                 profile.enable()
-            started = time.thread_time()
-            injected = sum(one(scenario, side) for _ in range(int(count)))
-            spent = time.thread_time() - started
+            switched = _context_switches()
+            if opts.threads == 1:
+                started = time.thread_time()
+                injected = sum(one(scenario, side) for _ in range(int(count)))
+                spent = time.thread_time() - started
+            else:
+                started = time.process_time()
+                injected = _in_threads(one, scenario, side, int(count), opts.threads)
+                spent = time.process_time() - started
+            switched = _context_switches() - switched
             if profiling:
                 profile.disable()
-            print(f"ok {spent / int(count) * 1e6:.2f} {injected}", flush=True)
+            print(f"ok {spent / int(count) * 1e6:.2f} {injected} {switched / int(count):.2f}", flush=True)
     finally:
         if profile is not None:
             profile.dump_stats(opts.profile_out)
         app.close()
+
+
+def _in_threads(one, scenario, side, count, threads):
+    """``count`` requests shared out among ``threads`` threads, started together; how many injected."""
+    injected = [0] * threads
+    failed = []
+    start = threading.Barrier(threads + 1)
+
+    def run(thread, n):
+        start.wait()
+        try:
+            injected[thread] = sum(one(scenario, side, thread + 1) for _ in range(n))
+        except Exception as exc:   # reported by the batch, not lost in a thread
+            failed.append(exc)
+
+    shares = [count // threads + (1 if t < count % threads else 0) for t in range(threads)]
+    running = [threading.Thread(target=run, args=(t, n)) for t, n in enumerate(shares)]
+    for thread in running:
+        thread.start()
+    start.wait()
+    for thread in running:
+        thread.join()
+    if failed:
+        raise failed[0]
+    return sum(injected)
 
 
 class Worker:
@@ -122,7 +185,9 @@ class Worker:
         with open(config, "w", encoding="utf-8") as f:
             f.write(po.proxy_config(upstream_port, section, plain_models=(PASS_MODEL,)))
         argv = [opts.python, os.path.abspath(__file__), "--role", "worker", "--ragproxy", script, "--data", data,
-                "--config", config, "--body-bytes", str(opts.body_bytes)]
+                "--config", config, "--body-bytes", str(opts.body_bytes), "--threads", str(opts.threads)]
+        if opts.gc_threshold is not None:
+            argv += ["--gc-threshold", str(opts.gc_threshold)]
         if profile_out:
             argv += ["--profile", opts.profile, "--profile-out", profile_out]
         env = dict(os.environ, RAGPROXY_SECRET_KEY="bench-secret")
@@ -141,7 +206,7 @@ class Worker:
         if answer[:1] != ["ok"]:
             self.stop()
             raise RuntimeError(f"worker for {self.script} failed on {scenario} {side} (its stderr says why)")
-        return float(answer[1]), int(answer[2])
+        return float(answer[1]), int(answer[2]), float(answer[3])
 
     def stop(self):
         if self.proc.poll() is None:
@@ -169,6 +234,10 @@ def _parse_args(argv):
         help="where the KB is built once (shared with proxy_overhead.py)")
     p.add_argument("--eval-dir", default=po.EVAL_DIR, help="the shared eval corpora (default ../shared/eval)")
     p.add_argument("--python", default=sys.executable, help="interpreter for the workers and the upstream")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads calling App.handle at once (default 1); above 1 the process's CPU is read")
+    p.add_argument("--gc-threshold", type=int, default=None, metavar="N",
+                   help="the garbage collector's generation-0 threshold in every worker (default: as serve sets it)")
     p.add_argument("--profile", choices=SIDES, help="cProfile this side's batches (thread CPU time)")
     p.add_argument("--profile-out", help="with --profile: the stats file (one per version: .1, .2, ... added)")
     p.add_argument("--json", action="store_true", help="also print one JSON line with every figure")
@@ -185,6 +254,10 @@ def _parse_args(argv):
             p.error(f"unknown {name}(s): {', '.join(unknown)} (choose from {', '.join(known)})")
     if opts.profile and not opts.profile_out:
         p.error("--profile needs --profile-out")
+    if not 1 <= opts.threads <= 64:
+        p.error("--threads takes 1 to 64")
+    if opts.profile and opts.threads > 1:
+        p.error("--profile profiles one thread: use it with --threads 1")
     return opts
 
 
@@ -195,11 +268,15 @@ def main(argv=None):
         worker_role(opts)
         return 0
     labels = [f"v{i}" for i in range(1, len(opts.ragproxy) + 1)] if len(opts.ragproxy) > 1 else ["ragproxy"]
-    print("ragproxy request-CPU benchmark (in process, one request at a time)")
+    clock = "thread" if opts.threads == 1 else "process"
+    print("ragproxy request-CPU benchmark (in process, "
+          + ("one request at a time)" if opts.threads == 1 else f"{opts.threads} threads at once)"))
     for label, script in zip(labels, opts.ragproxy):
         print(f"  {label}: {po.version_line(opts.python, script, False)}")
     print(f"  {opts.rounds} batches of {opts.requests} requests per side and version, interleaved, after "
-          f"{opts.warmup} warm-up requests; the median batch's thread CPU per request")
+          f"{opts.warmup} warm-up requests; the median batch's {clock} CPU per request")
+    print("  garbage collector threshold: "
+          + (f"{opts.gc_threshold} in every worker" if opts.gc_threshold is not None else "as each version's serve"))
     workdir = tempfile.mkdtemp(prefix="ragproxy-request-cpu-")
     upstream, workers = None, []
     try:
@@ -218,22 +295,28 @@ def main(argv=None):
             for scenario, side in pairs:
                 worker.batch(scenario, side, opts.warmup, warm=True)
         figures = {(scenario, side, w.label): [] for scenario, side in pairs for w in workers}
+        switches = {key: [] for key in figures}
         injected = dict.fromkeys(figures, 0)
         for _ in range(opts.rounds):
             for scenario, side in pairs:
                 for worker in workers:
-                    us, hits = worker.batch(scenario, side, opts.requests)
+                    us, hits, switched = worker.batch(scenario, side, opts.requests)
                     figures[scenario, side, worker.label].append(us)
+                    switches[scenario, side, worker.label].append(switched)
                     injected[scenario, side, worker.label] += hits
-        print_table(pairs, labels, figures)
+        print_table(pairs, labels, figures, f"{clock} CPU per request (us), median of the batches")
+        if opts.threads > 1:
+            print_table(pairs, labels, switches, "context switches per request, median of the batches", ".2f")
         if opts.json:
             rows = [{"scenario": scenario, "side": side, "version": label, "script": script,
                      "cpu_us": statistics.median(figures[scenario, side, label]),
+                     "switches_per_request": statistics.median(switches[scenario, side, label]),
                      "batches": figures[scenario, side, label], "requests": opts.requests * opts.rounds,
                      "injected": injected[scenario, side, label]}
                     for scenario, side in pairs for label, script in zip(labels, opts.ragproxy)]
             print(json.dumps({"bench": "request_cpu", "python": sys.version.split()[0], "kb": facts,
-                              "results": rows}, separators=(",", ":")))
+                              "threads": opts.threads, "gc_threshold": opts.gc_threshold, "results": rows},
+                             separators=(",", ":")))
     finally:
         for worker in workers:
             worker.stop()
@@ -243,19 +326,19 @@ def main(argv=None):
     return 0
 
 
-def print_table(pairs, labels, figures):
-    """Median CPU per request by scenario and side; with two versions, the second's change from the first."""
+def print_table(pairs, labels, figures, title, number=".1f"):
+    """Medians by scenario and side; with two versions, the second's change from the first."""
     header = f"{'scenario':<9}{'side':<8}" + "".join(f"{label:>12}" for label in labels)
     if len(labels) == 2:
         header += f"{'change':>12}"
     print()
-    print("thread CPU per request (us), median of the batches")
+    print(title)
     print(header)
     for scenario, side in pairs:
         medians = [statistics.median(figures[scenario, side, label]) for label in labels]
-        row = f"{scenario:<9}{side:<8}" + "".join(f"{m:>12.1f}" for m in medians)
+        row = f"{scenario:<9}{side:<8}" + "".join(f"{m:>12{number}}" for m in medians)
         if len(labels) == 2:
-            row += f"{(medians[1] - medians[0]) / medians[0] * 100:>+11.1f}%"
+            row += f"{(medians[1] - medians[0]) / medians[0] * 100:>+11.1f}%" if medians[0] else f"{'':>12}"
         print(row)
 
 

@@ -366,6 +366,22 @@ def test_request_cpu_compares_two_versions_side_by_side_and_profiles_one_side(tm
         assert "turn_key" in functions and "_retrieve" not in functions   # a tool round: no search
 
 
+def test_request_cpu_under_concurrency_counts_context_switches_and_sets_the_collectors_threshold(tmp_path):
+    proc = run_script("request_cpu.py", "--kb-docs", "40", "--requests", "24", "--rounds", "2", "--warmup", "6",
+                      "--cache-dir", str(tmp_path), "--json", "--threads", "3", "--gc-threshold", "5000",
+                      "--scenarios", "chat", "--sides", "pass,fresh")
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    assert report["threads"] == 3 and report["gc_threshold"] == 5000
+    rows = {r["side"]: r for r in report["results"]}
+    assert set(rows) == {"pass", "fresh"}
+    for side, row in rows.items():
+        assert row["cpu_us"] > 0 and row["switches_per_request"] > 0 and row["requests"] == 48
+    assert rows["pass"]["injected"] == 0 and rows["fresh"]["injected"] == 48
+    assert "3 threads at once" in proc.stdout and "context switches per request" in proc.stdout
+    assert "threshold: 5000 in every worker" in proc.stdout
+
+
 def test_proxy_overhead_runs_the_large_body_the_retrieval_model_and_says_which_peers_are_absent(tmp_path):
     # A small KB (the first 40 SciFact abstracts) in a cache of the test's own, where no peer is installed.
     proc = run_script("proxy_overhead.py", "--scenarios", "chat,claude", "--clients", "1,2", "--requests", "10",
