@@ -193,6 +193,10 @@ class KnowledgeBases:
             self._thread.join(wait)
         self._release_leases()
 
+    def indexer_running(self):
+        """Whether the indexer thread is alive (stop() asks it to end after its current run)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def _release_leases(self):
         for kb in list(self.kbs.values()):
             if kb.chroma is not None:

@@ -96,7 +96,9 @@ def test_start_creates_every_configured_kbs_documents_folder(tmp_path):
     text = UNDECLARED + "knowledge_bases:\n  docs: {}\n  handbook: {sources: [elsewhere]}\n"
     kbs = ragproxy.KnowledgeBases(ragproxy.Config.from_text(text, environ={}), str(tmp_path))
     assert not (tmp_path / "documents").exists()   # constructing them (the CLI) creates nothing
+    assert not kbs.indexer_running()
     kbs.start()
+    assert kbs.indexer_running()
     try:
         for name in ("docs", "handbook", "kb"):
             assert (tmp_path / "documents" / name).is_dir()
@@ -104,6 +106,7 @@ def test_start_creates_every_configured_kbs_documents_folder(tmp_path):
         assert (tmp_path / "documents" / "added").is_dir()
     finally:
         kbs.stop(wait=30)
+    assert not kbs.indexer_running()   # what a stopping server waits for (cli.INDEXER_STOP_WAIT)
 
 
 def test_the_kbs_of_a_process_scan_their_vectors_one_at_a_time(tmp_path):
