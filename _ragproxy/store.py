@@ -165,12 +165,8 @@ class _ChunkList:
             start, stop, step = i.indices(self._count)
             if step == 1:
                 return self._read_range(start, stop) if start < stop else []
-            return [self[j] for j in range(start, stop, step)]
-        if i < 0:
-            i += self._count
-        if not 0 <= i < self._count:
-            raise IndexError("chunk %d out of range for %d chunks" % (i, self._count))
-        return self._read_range(i, i + 1)[0]
+            return self.get_many(range(start, stop, step))
+        return self.get_many([i + self._count if i < 0 else i])[0]
 
     def _read_range(self, start, stop):
         lines = self.raw_range(start, stop).split(b"\n")
