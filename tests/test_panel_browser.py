@@ -569,8 +569,8 @@ def _mcp_call(proxy, message, session=None):
         return resp.headers.get("Mcp-Session-Id"), json.loads(body) if body else None
 
 
-def test_mcp_tool_calls_are_listed_in_the_request_log(mcp_panel):
-    page, proxy = mcp_panel.page, mcp_panel.proxy
+def _log_a_search_and_a_refused_read(proxy):
+    """Two MCP tool calls, one answered (outcome ok) and one refused (outcome error), in the request log."""
     notes = proxy.data_dir / "documents" / "notes"
     notes.mkdir(parents=True, exist_ok=True)
     (notes / "rotation.md").write_bytes(GUIDE_MD)
@@ -585,13 +585,21 @@ def test_mcp_tool_calls_are_listed_in_the_request_log(mcp_panel):
         "name": "read_source", "arguments": {"kb": "notes", "source": "no/such/file.md"}}}, session)
     assert refused["result"]["isError"]
 
-    mcp_panel.login()
-    mcp_panel.nav("logs", "logs-filters")
+
+def _open_the_log_with_both_rows(panel):
+    panel.login()
+    panel.nav("logs", "logs-filters")
 
     def logged():
-        mcp_panel.tid("logs-refresh").click()
-        expect(mcp_panel.tid("log-row")).to_have_count(2, timeout=1000)
+        panel.tid("logs-refresh").click()
+        expect(panel.tid("log-row")).to_have_count(2, timeout=1000)
     eventually(logged)
+
+
+def test_mcp_tool_calls_are_listed_in_the_request_log(mcp_panel):
+    page = mcp_panel.page
+    _log_a_search_and_a_refused_read(mcp_panel.proxy)
+    _open_the_log_with_both_rows(mcp_panel)
     mcp_panel.tid("logs-outcome").select_option("ok")
     row = mcp_panel.tid("log-row")
     expect(row).to_have_count(1)
@@ -607,6 +615,31 @@ def test_mcp_tool_calls_are_listed_in_the_request_log(mcp_panel):
     expect(page.locator("#ic-h")).to_have_text("Returned passages (1)")  # a tool call injects nothing
     expect(mcp_panel.tid("log-chunk").first).to_contain_text("zanzibarquux")
     mcp_panel.shot("log-mcp-tool", full_page=True)
+
+
+def test_a_filtered_log_is_not_drawn_over_by_an_earlier_answer_that_arrives_later(mcp_panel):
+    page = mcp_panel.page
+    _log_a_search_and_a_refused_read(mcp_panel.proxy)
+    _open_the_log_with_both_rows(mcp_panel)
+    held = []
+
+    def hold_the_unfiltered_list(route):
+        if "outcome=" in route.request.url:
+            route.continue_()
+        else:
+            held.append(route)
+    page.route(lambda url: "/admin/api/logs?" in url, hold_the_unfiltered_list)
+    mcp_panel.tid("logs-refresh").click()           # asks for every row; its answer is held back
+    mcp_panel.tid("logs-outcome").select_option("ok")
+    rows = mcp_panel.tid("log-row")
+    expect(rows).to_have_count(1)
+    assert len(held) == 1
+    with page.expect_response(lambda resp: resp.request.url == held[0].request.url) as late:
+        held[0].continue_()
+    late.value.finished()
+    page.wait_for_timeout(300)  # the page's turn to draw the late answer, if it were going to
+    expect(rows).to_have_count(1)
+    expect(rows.get_by_test_id("log-model")).to_have_text("search")
 
 
 # -- getting documents in: uploads that are partly skipped, and what a KB could not index ----------
