@@ -105,6 +105,7 @@ class Exchange:
     retrieval: dict = None     # what retrieval did, for the request log
     key: dict = None           # the caller's api_keys entry (None: api_key_auth is off); its scope binds retrieval
     members: object = None     # a jsonbody.Members of request.body a rewriter found (the splice reuses it)
+    encoded: dict = None       # path -> (value, its JSON text), for the splice: what a rewriter knows encoded
     compression: object = None  # the levers.Profile this request gets (None: no compression)
     compression_outcomes: list = None   # a compress.Outcome per lever that ran, in order
 
@@ -472,7 +473,7 @@ class App:
                 body = json_bytes(payload)
             elif exchange.edits:
                 paths = exchange.edits + (("model",),) if renamed else exchange.edits
-                body = with_edits(body, payload, paths, exchange.members) or json_bytes(payload)
+                body = with_edits(body, payload, paths, exchange.members, exchange.encoded) or json_bytes(payload)
             elif renamed:
                 body = with_model(body, sent_model, upstream_model) or json_bytes(payload)
         except RecursionError:  # nesting json parsed with a few levels to spare, and cannot encode again

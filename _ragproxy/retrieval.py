@@ -30,7 +30,7 @@ import threading
 import time
 
 from . import deps
-from .api import ClientError, json_response
+from .api import ClientError, json_response, json_text
 from .config import ModelRoute, key_allows_kb, key_scope, valid_kb_name
 from .embeddings import Deadline, EmbeddingError, RerankClient, RerankError, time_limit
 from .fusion import reciprocal_ranks
@@ -50,7 +50,7 @@ from .inject import (
     turn_key,
     uses_query,
 )
-from .jsonbody import Members, raw_entries
+from .jsonbody import PLACEHOLDER, Members, json_text_with, raw_entries
 from .npy import StoreError
 from .redact import Redactor
 
@@ -117,6 +117,16 @@ class Retrieved:
     replaces_question: bool = False
     chunks: tuple = ()      # the rendered chunk dicts, screened: a budget cut renders fewer of them
     counted: tuple = ()     # (text, its tokens) once counted: every later round of the turn reuses it
+    escaped: tuple = ()     # (text, its JSON text without the quotes) once encoded: likewise
+
+    def json_escaped(self):
+        """``json_text(self.text)`` without its quotes, encoded once per text (as tokens counts)."""
+        escaped = self.escaped
+        if escaped and escaped[0] is self.text:
+            return escaped[1]
+        text = json_text(self.text)[1:-1]
+        self.escaped = (self.text, text)
+        return text
 
     def tokens(self, count_tokens):
         """``count_tokens(self.text)``, counted once per text (a copy with another text counts again)."""
@@ -490,11 +500,47 @@ def _merge(lists, merge):
             for key, score in sorted(fused.items(), key=lambda item: -item[1])]
 
 
+def _inject(exchange, found, conversation, encode_once_min):
+    """inject ``found`` into the exchange's payload; the paths changed.
+
+    When its text has ``encode_once_min`` characters or more, the splice
+    (jsonbody.with_edits) gets each changed value's JSON text too, encoded
+    with that text as encoded once for every round of a turn
+    (Retrieved.json_escaped): inject is first run with a placeholder for the
+    text on a shallow copy of the payload, which inject does not edit below
+    its top level, and the copy's values are encoded, a few hundred bytes
+    where the context is thousands.
+    """
+    endpoint, payload, mode = exchange.endpoint.name, exchange.payload, exchange.route.inject_mode
+    if len(found.text) < encode_once_min:
+        return inject(endpoint, payload, found.text, mode, found.replaces_question, conversation)
+    shadow = dict(payload)
+    placed = inject(endpoint, shadow, PLACEHOLDER, mode, found.replaces_question, conversation)
+    edits = inject(endpoint, payload, found.text, mode, found.replaces_question, conversation)
+    if placed != edits:   # inject placed text by its content: not this function's premise
+        return edits
+    encoded = exchange.encoded if exchange.encoded is not None else {}
+    for path in edits:
+        value, stand_in = payload[path[0]], shadow[path[0]]
+        if len(path) > 1:
+            value, stand_in = value[path[1]], stand_in[path[1]]
+        text = json_text_with(stand_in, found.json_escaped())
+        if text is not None:
+            encoded[path] = (value, text)
+    exchange.encoded = encoded
+    return edits
+
+
 def _compression_key(exchange):
     """The active compression profile's key (levers.Profile.key), None without one."""
     compression = getattr(exchange, "compression", None)
     return None if compression is None else compression.key
 
+
+# Characters of context from which a turn's context is encoded once for all its rounds:
+# below it, injecting a placeholder as well costs more than encoding the context does
+# (bench/request_body.py, "inject + splice" and "... encoded once", in RESULTS.md).
+ENCODE_ONCE_MIN = 2048
 
 # Turn texts the retriever remembers (Retriever.turn_texts): two per agent loop
 # when its markers sit in the prefix (as sent, and cut), so 32 loops.
@@ -527,6 +573,8 @@ class Retriever:
         # The raw text of the turns of the latest agent loops, each up to
         # inject.MAX_SEEN_BYTES, with its turn key: a later round's key is a comparison.
         self.turn_texts = _LRU(_TURN_TEXTS)
+        # A context this long is encoded once for all the rounds of its turn (_inject).
+        self.encode_once_min = ENCODE_ONCE_MIN
         self.disabled_rerankers = {}  # provider name -> why, after a permanent error (the panel shows it)
         self._guards, self._redactors = {}, {}   # compiled once per set of deny patterns / categories
         self._rails = _rails_of(app.config)
@@ -668,8 +716,7 @@ class Retriever:
             if not found.text:
                 exchange.retrieval["outcome"] = "over_budget"
         try:
-            edits = inject(endpoint, payload, found.text, route.inject_mode, found.replaces_question,
-                           conversation) if found.text else ()
+            edits = _inject(exchange, found, conversation, self.encode_once_min) if found.text else ()
         except RecursionError:
             raise ClientError(400, _TOO_DEEP) from None
         if edits:

@@ -22,6 +22,11 @@ Sides:
   splice injected turn       _with_edits: retrieval injection since it names what it
                              changed (2 KB of context before the last user turn;
                              before that commit, injection cost "serialize again")
+  inject + splice, N KB      inject and with_edits, as a request that injects N KB
+                             of context pays them (--contexts)
+  ... encoded once, N KB     the same where the context was encoded once for its
+                             turn: a placeholder injected into a copy, that copy's
+                             turn encoded, the context put in (retrieval._inject)
 """
 
 from __future__ import annotations
@@ -154,10 +159,51 @@ def body_helpers(rp):
     api = importlib.import_module("_ragproxy.api")
     jsonbody = importlib.import_module("_ragproxy.jsonbody")
     return types.SimpleNamespace(json_object_of=jsonbody.json_object_of, json_bytes=api.json_bytes,
-                                 with_model=jsonbody.with_model, with_edits=jsonbody.with_edits)
+                                 with_model=jsonbody.with_model, with_edits=jsonbody.with_edits,
+                                 json_text=api.json_text, json_text_with=getattr(jsonbody, "json_text_with", None),
+                                 placeholder=getattr(jsonbody, "PLACEHOLDER", None), members=jsonbody.Members)
 
 
-def measure(rp, size, repeat):
+def context_sides(rp, helpers, body, contexts):
+    """Injecting ``contexts`` (sizes in bytes) and splicing, as every round of a turn pays it
+    (the body's Members found as it was parsed), without and (where this version has it)
+    with the context encoded once for the turn."""
+    sides = {}
+    members = helpers.members(body, ("messages",))   # as the parse found them: what the proxy splices with
+    words = random.Random(11).choices(["def", "return", "self.value", "numpy", "array(", "x", "=", "1", "+",
+                                       '"text"', "C:\\path", "caf\u00e9", "\n"], k=20000)
+    for size in contexts:
+        plain, encoded_once = _context_rounds(rp, helpers, body, members, " ".join(words)[:size])
+        sides[f"inject + splice, {size // 1000} KB"] = plain
+        if encoded_once is not None:
+            if encoded_once() != plain():
+                raise SystemExit("the context encoded once gave other bytes")
+            sides[f"... encoded once, {size // 1000} KB"] = encoded_once
+    return sides
+
+
+def _context_rounds(rp, helpers, body, members, context):
+    payload = helpers.json_object_of(body)
+
+    def plain():
+        sent = dict(payload)
+        return helpers.with_edits(body, sent, rp.inject("messages", sent, context, "before_last_user"), members)
+    if helpers.json_text_with is None:
+        return plain, None
+    escaped = helpers.json_text(context)[1:-1]
+
+    def encoded_once():
+        sent = dict(payload)
+        shadow = dict(sent)
+        rp.inject("messages", shadow, helpers.placeholder, "before_last_user")
+        paths = rp.inject("messages", sent, context, "before_last_user")
+        known = {path: (sent[path[0]][path[1]], helpers.json_text_with(shadow[path[0]][path[1]], escaped))
+                 for path in paths}
+        return helpers.with_edits(body, sent, paths, members, known)
+    return plain, encoded_once
+
+
+def measure(rp, size, repeat, contexts=()):
     helpers = body_helpers(rp)
     body = claude_code_body(size)
     payload = helpers.json_object_of(body)
@@ -178,6 +224,7 @@ def measure(rp, size, repeat):
         if json.loads(with_edits(body, injected, paths)) != injected:
             raise SystemExit("splice injected turn gave a different payload")
         sides["splice injected turn"] = lambda: with_edits(body, injected, paths)
+        sides.update(context_sides(rp, helpers, body, contexts))
     return len(body), {name: round(median_us(fn, repeat), 1) for name, fn in sides.items()}
 
 
@@ -185,6 +232,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10000,100000,500000", help="comma-separated body sizes in bytes")
     p.add_argument("--repeat", type=int, default=30, help="timed runs per side and size (median)")
+    p.add_argument("--contexts", default="1000,2000,4000,8000,16000",
+                   help="comma-separated sizes of injected context, in bytes")
     p.add_argument("--ragproxy", default=RAGPROXY, help="the ragproxy.py to measure")
     p.add_argument("--json", action="store_true", help="also print one JSON line with every figure")
     args = p.parse_args(argv)
@@ -192,11 +241,11 @@ def main(argv=None):
     print(f"{rp.version_text()}; Claude Code-shaped bodies; median of {args.repeat} runs, microseconds")
     report = {}
     for size in (int(s) for s in args.sizes.split(",")):
-        actual, figures = measure(rp, size, args.repeat)
+        actual, figures = measure(rp, size, args.repeat, [int(c) for c in args.contexts.split(",") if c])
         report[actual] = figures
         print(f"\n{actual:,} bytes")
         for name, us in figures.items():
-            print(f"  {name:24s} {us:10.1f} us")
+            print(f"  {name:28s} {us:10.1f} us")
     if args.json:
         print(json.dumps({"sizes": report}, sort_keys=True))
     return 0

@@ -6,11 +6,12 @@ proxy then encodes the payload again).  That the proxy forwards these bytes
 is test_proxy's.
 """
 import json
+import random
 
 import pytest
 
 from _ragproxy import jsonbody
-from _ragproxy.api import ClientError
+from _ragproxy.api import ClientError, json_text
 
 
 def test_with_model_replaces_only_a_leading_model_of_the_parsed_value():
@@ -389,3 +390,48 @@ def test_parse_memo_gives_what_json_gives_for_random_conversations():
         for entry in messages:
             entry.pop("cache_control", None)
     assert memo.reused > 300
+
+
+_PIECES = ["", "plain words", 'a "quote"', "back\\slash", "\\", "\\u0000", "line\nbreak\ttab\r", "\x01\x1f\x7f",
+           "caf\u00e9 \u6578\u64da", "\u2028", "\ud800", "\U0001f600"]
+
+
+def test_json_text_with_is_the_json_text_of_the_value_with_the_string_in_the_placeholders_place():
+    rng, declined = random.Random(7), 0
+    for _ in range(3000):
+        before, after, inner = ("".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 4))) for _ in range(3))
+        inner += rng.choice(["", "\x00"])   # the string stood for may hold anything
+        def value(s):
+            return {"role": "user", "content": [{"type": "text", "text": "\\"},
+                                                {"type": "text", "text": before + s + after, "n": [1.5, None]}]}
+        escaped = json_text(inner)[1:-1]
+        for stand_in, whole in ((value(jsonbody.PLACEHOLDER), value(inner)),
+                                (before + jsonbody.PLACEHOLDER + after, before + inner + after)):
+            got = jsonbody.json_text_with(stand_in, escaped)
+            if got is None:   # declined only where the placeholder's escape is there more than once
+                assert json_text(stand_in).count("\\u0000") > 1
+                declined += 1
+            else:
+                assert got == json_text(whole)
+    assert declined < 2000   # of 6,000: only where the client sent a NUL or a "\\u0000" of its own
+
+
+@pytest.mark.parametrize("value", [
+    {"a": "\x00", "b": jsonbody.PLACEHOLDER},              # a NUL of the client's own as well
+    {"a": "x" + jsonbody.PLACEHOLDER * 2},
+    {"a": "no placeholder"},
+])
+def test_json_text_with_declines_unless_the_placeholder_is_there_once(value):
+    assert jsonbody.json_text_with(value, "context") is None
+
+
+def test_with_edits_takes_a_values_known_text_while_the_payload_holds_that_very_value():
+    body = b'{"model":"a","messages":[{"n":1},{"n":2}]}'
+    payload = jsonbody.json_object_of(body)
+    entry = payload["messages"][1] = {"n": 3}
+    known = {("messages", 1): (entry, '{"n":"as known"}')}
+    assert jsonbody.with_edits(body, payload, [("messages", 1)], encoded=known) == \
+        b'{"model":"a","messages":[{"n":1},{"n":"as known"}]}'
+    payload["messages"][1] = {"n": 3}   # equal, not the same: a later edit replaced it
+    assert jsonbody.with_edits(body, payload, [("messages", 1)], encoded=known) == \
+        b'{"model":"a","messages":[{"n":1},{"n":3}]}'

@@ -1044,3 +1044,44 @@ def test_a_body_sent_again_gets_the_same_context_once_whatever_the_inject_mode(
     assert sent[0] == sent[1] == sent[2] and sent[0].count(SECRET.encode()) == 1
     assert proxy.app.parsed.reused >= 2 * 3   # tools and system (or its message) of the later two
     proxy.app.parsed.verify()
+
+
+@pytest.mark.parametrize("encode_once_min", [0, retrieval.ENCODE_ONCE_MIN])
+@pytest.mark.parametrize("mode", ragproxy.INJECT_MODES)
+@pytest.mark.parametrize("api", ["messages", "chat"])
+def test_every_round_of_a_turn_sends_its_context_and_the_persons_words_as_sent(
+        make_proxy, fake, data_dir, mode, api, encode_once_min):
+    """A long context is encoded once for all the rounds of its turn (the splice puts it where a
+    placeholder stood; this one is short, so it is with the limit at 0): the words around it,
+    escapes and all, and a NUL of the client's own, go as written."""
+    fake.secrets = [SECRET]
+    proxy = make_proxy(kb_config(fake.url, model_extra=f", inject_mode: {mode}"), data_dir=data_dir)
+    proxy.app.knowledge_bases.index_all()
+    proxy.app.retriever.encode_once_min = encode_once_min
+    words = 'What does the purple elephant do? "Quoted", C:\\path\\, caf\u00e9 \u6578\n\tand\\u0000 ' + \
+        ("a NUL \x00 too\\" if api == "chat" else "\\")
+    if api == "messages":
+        path, turn = "/v1/messages", [{"role": "user", "content": [
+            {"type": "text", "text": "<system-reminder>\nBe brief.\n</system-reminder>"},
+            {"type": "text", "text": words, "cache_control": {"type": "ephemeral"}}]}]
+        tool_round = [{"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}]
+        body = {"model": "llama3", "max_tokens": 64, "system": "Be exact.", "messages": turn}
+    else:
+        path, turn = "/v1/chat/completions", [{"role": "system", "content": "Be exact."},
+                                              {"role": "user", "content": words}]
+        tool_round = TOOL_ROUND
+        body = {"model": "llama3", "messages": turn}
+    sent = []
+    for messages in (turn, turn + tool_round, turn + tool_round + tool_round):
+        status, _ = _raw_post(proxy.url, path, dict(body, messages=messages), {"anthropic-version": "2023-06-01"})
+        assert status == 200
+        got = fake.last.json
+        assert fake.last.body.count(SECRET.encode()) == 1
+        # The words once, whole, whether beside the context or in the template's {query}.
+        assert json.dumps(got, ensure_ascii=False).count(json.dumps(words, ensure_ascii=False)[1:-1]) == 1
+        sent.append(got)
+    assert [row["outcome"] for row in logged_rows(proxy.app, 3)][::-1] == ["retrieved", "cached", "cached"]
+    for later in sent[1:]:
+        assert later["messages"][:len(sent[0]["messages"])] == sent[0]["messages"]
+        assert later.get("system") == sent[0].get("system")
