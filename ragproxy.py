@@ -57,7 +57,8 @@ _EXPORTS = {
     "uploads": ("Uploads", "UploadError", "UploadLimits", "UploadedPart", "ALLOWED_UPLOAD_EXTS",
                 "ARCHIVE_EXTS", "parse_multipart", "safe_relative_path", "expand_archive",
                 "cleanup_staging"),
-    "admin": ("Admin", "issue_token", "verify_token", "remove_deleted_kbs"),
+    "admintokens": ("issue_token", "verify_token"),
+    "admin": ("Admin", "remove_deleted_kbs"),
     "server": ("make_server",),
     "cli": ("version_text", "main"),
 }

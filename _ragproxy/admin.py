@@ -1,38 +1,34 @@
 """The admin API under /admin/api/ and the web panel at /.
 
-Sessions are HS256 JWTs signed with the panel secret key; every change goes
-through ConfigFile (validated, atomic, previous file kept), so a restart
-comes back to the same state.  The route table is also the OpenAPI
+Sessions are HS256 JWTs signed with the panel secret key (admintokens);
+every change goes through ConfigFile (validated, atomic, previous file
+kept), so a restart comes back to the same state.  The route table is also the OpenAPI
 document.  The panel itself is static/panel.html, read beside the package.
 Keys (client api_keys, providers' api_key and credential headers) leave it
 masked, in the views and in config.yaml's text alike; a masked key sent back
 unchanged keeps the stored one (see masking).  A client key made here (created
 or rotated) is random and is shown in full once, in that answer, never again.
 
-May import: api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, metrics, reqlog, storeadmin,
-uploads, upstream, yamlish.
+May import: admintokens, api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, metrics,
+reqlog, storeadmin, uploads, upstream, yamlish.
 """
 from __future__ import annotations
 
-import base64
-import collections
 import contextlib
 import dataclasses
-import hashlib
 import hmac
-import json
 import logging
 import math
 import os
 import re
 import secrets
 import shutil
-import threading
 import time
 import urllib.parse
 
 from . import __version__, deps
-from .api import ClientError, Response, json_bytes, json_response
+from .admintokens import TOKEN_AUDIENCE, LoginThrottle, b64url, issue_token, verify_token
+from .api import ClientError, Response, json_response
 from .config import KB_NAME, ConfigError, copy_default, loggable_url, model_field_choices, valid_kb_name
 from .docfolder import read_manifest
 from .embeddings import EmbeddingClient, EmbeddingError, RerankClient, RerankError
@@ -50,8 +46,6 @@ from .yamlish import YAMLError, load_yaml
 log = logging.getLogger("ragproxy")
 
 
-_TOKEN_HEAD = {"alg": "HS256", "typ": "JWT"}
-_TOKEN_AUDIENCE = "ragproxy-admin"
 _PROVIDER_KINDS = ("llm", "embedding", "rerank")
 _PROVIDER_NAME = KB_NAME
 _KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
@@ -66,89 +60,6 @@ _PANEL_HEADERS = [
                                 "img-src data:; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; "
                                 "base-uri 'none'"),
 ]
-
-
-def _b64url(data):
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _b64url_decode(text):
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def issue_token(secret, claims):
-    """A compact JWS (JWT, HS256) over ``claims``."""
-    signing_input = _b64url(json_bytes(_TOKEN_HEAD)) + "." + _b64url(json_bytes(claims))
-    signature = hmac.new(secret.encode("utf-8"), signing_input.encode("ascii"), hashlib.sha256).digest()
-    return signing_input + "." + _b64url(signature)
-
-
-def verify_token(secret, token, now, audience=_TOKEN_AUDIENCE):
-    """The claims of a genuine, unexpired token for ``audience``; None for anything else.
-
-    The header must say HS256 exactly: a token that names another algorithm
-    ("none" included) is refused, not verified some other way.
-    """
-    parts = token.split(".")
-    if len(parts) != 3 or not all(parts):
-        return None
-    signing_input = (parts[0] + "." + parts[1]).encode("ascii", "replace")
-    expected = hmac.new(secret.encode("utf-8"), signing_input, hashlib.sha256).digest()
-    try:
-        if not hmac.compare_digest(_b64url_decode(parts[2]), expected):
-            return None  # checked first: nothing from an unsigned token is parsed
-        header = json.loads(_b64url_decode(parts[0]))
-        claims = json.loads(_b64url_decode(parts[1]))
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if header != _TOKEN_HEAD or not isinstance(claims, dict):
-        return None
-    expires = claims.get("exp")
-    if not isinstance(expires, (int, float)) or isinstance(expires, bool) or now >= expires:
-        return None
-    if claims.get("aud") != audience:
-        return None
-    return claims
-
-
-class _LoginThrottle:
-    """Slows down key guessing per client address.
-
-    The first ``free`` failures within ``window`` seconds cost nothing; each
-    further one doubles the wait before the next attempt (up to ``max_wait``).
-    ``free`` is passed with each failure: it is admin.max_login_failures as
-    the config says at that moment, so a reload changes it at once.
-    """
-
-    def __init__(self, clock, window=900.0, max_wait=300.0, max_clients=10_000):
-        self.clock, self.window, self.max_wait = clock, window, max_wait
-        self.max_clients = max_clients
-        self._lock = threading.Lock()
-        self._clients = collections.OrderedDict()  # client -> [failures, last failure, blocked until]
-
-    def wait(self, client):
-        """Seconds ``client`` must wait before its next attempt (0: go ahead)."""
-        with self._lock:
-            state = self._clients.get(client)
-            return max(0.0, state[2] - self.clock()) if state else 0.0
-
-    def failed(self, client, free):
-        now = self.clock()
-        with self._lock:
-            state = self._clients.pop(client, None)
-            if state is None or now - state[1] > self.window:
-                state = [0, now, 0.0]
-            state[0] += 1
-            state[1] = now
-            if state[0] >= free:
-                state[2] = now + min(self.max_wait, 2.0 ** (state[0] - free))
-            self._clients[client] = state
-            while len(self._clients) > self.max_clients:  # a flood of addresses must not eat memory
-                self._clients.popitem(last=False)
-
-    def succeeded(self, client):
-        with self._lock:
-            self._clients.pop(client, None)
 
 
 def _json_object(request):
@@ -313,7 +224,7 @@ class Admin:
         # Client keys come from the system's CSPRNG unless a test injects one: app.rng is a Mersenne
         # Twister, and the session tokens' jti values would give its state away.
         self.key_rng = rng if rng is not None else secrets.SystemRandom()
-        self.throttle = _LoginThrottle(self.clock)
+        self.throttle = LoginThrottle(self.clock)
         self.uploads = Uploads(clock=self.clock)  # one per process: its locks order manifest updates
         self.stores = StoreAdmin()
 
@@ -372,7 +283,7 @@ class Admin:
         now = self.clock()
         ttl = float(self.app.config.raw["admin"]["token_ttl"])
         expires = int(now + ttl)
-        token = issue_token(self.secret_key, {"sub": "admin", "aud": _TOKEN_AUDIENCE, "iat": int(now),
+        token = issue_token(self.secret_key, {"sub": "admin", "aud": TOKEN_AUDIENCE, "iat": int(now),
                                               "exp": expires, "jti": "%032x" % self.rng.getrandbits(128)})
         return json_response(200, {"token": token, "token_type": "Bearer", "expires_at": expires,
                                     "expires_in": int(ttl)})
@@ -615,7 +526,7 @@ class Admin:
         return view, [("Cache-Control", "no-store")]
 
     def _new_key(self):
-        return "rp-" + _b64url(self.key_rng.getrandbits(192).to_bytes(24, "big"))
+        return "rp-" + b64url(self.key_rng.getrandbits(192).to_bytes(24, "big"))
 
     def _key_fields(self, body, allowed, current_kbs=()):
         """The scope fields of a key request, checked; ClientError 400 for anything else.

@@ -15,7 +15,8 @@ import pytest
 
 import ragproxy
 from _ragproxy import reqlog as ragproxy_reqlog
-from _ragproxy.admin import _ADMIN_ROUTES, _b64url
+from _ragproxy.admin import _ADMIN_ROUTES
+from _ragproxy.admintokens import b64url
 from conftest import ADMIN_KEY, API_KEY, AdminClient, logged_rows, multipart_body, proxy_config
 
 GUIDE = """# Runbook
@@ -136,15 +137,15 @@ def test_tokens_expire_and_forgeries_fail(tmp_path, fake):
         # Tampered claims, another key's signature and "alg": "none" are all refused.
         head, payload, sig = token.split(".")
         claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        longer = _b64url(json.dumps(dict(claims, exp=claims["exp"] + 10**6)).encode())
+        longer = b64url(json.dumps(dict(claims, exp=claims["exp"] + 10**6)).encode())
         assert _call(app, "GET", "/admin/api/session", token=f"{head}.{longer}.{sig}")[0] == 401
         other = ragproxy.issue_token("another-key", claims)
         assert _call(app, "GET", "/admin/api/session", token=other)[0] == 401
-        none_head = _b64url(b'{"alg":"none","typ":"JWT"}')
+        none_head = b64url(b'{"alg":"none","typ":"JWT"}')
         assert _call(app, "GET", "/admin/api/session", token=f"{none_head}.{payload}.")[0] == 401
         assert _call(app, "GET", "/admin/api/session", token=f"{none_head}.{payload}.{sig}")[0] == 401
         # An unsigned token is refused before any of it is parsed: a hostile one is a 401, not a 500.
-        deep = _b64url(b"[" * 100_000)
+        deep = b64url(b"[" * 100_000)
         assert _call(app, "GET", "/admin/api/session", token=f"{deep}.{deep}.{sig}")[0] == 401
     finally:
         app.close()
@@ -1092,7 +1093,7 @@ def test_keys_come_from_the_injected_rng_else_the_system_csprng(tmp_path, fake):
     status, made = _call(app, "POST", "/admin/api/keys", {"name": "seeded"}, token=token)
     replay = random.Random(7)
     replay.getrandbits(128)   # the login's token id
-    expected = "rp-" + _b64url(replay.getrandbits(192).to_bytes(24, "big"))
+    expected = "rp-" + b64url(replay.getrandbits(192).to_bytes(24, "big"))
     assert status == 201 and made["key"] == expected
 
 
