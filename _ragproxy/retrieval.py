@@ -119,23 +119,22 @@ class Retrieved:
     counted: tuple = ()     # (text, its tokens) once counted: every later round of the turn reuses it
     escaped: tuple = ()     # (text, its JSON text without the quotes) once encoded: likewise
 
-    def json_escaped(self):
-        """``json_text(self.text)`` without its quotes, encoded once per text (as tokens counts)."""
-        escaped = self.escaped
-        if escaped and escaped[0] is self.text:
-            return escaped[1]
-        text = json_text(self.text)[1:-1]
-        self.escaped = (self.text, text)
-        return text
-
     def tokens(self, count_tokens):
         """``count_tokens(self.text)``, counted once per text (a copy with another text counts again)."""
-        counted = self.counted
-        if counted and counted[0] is self.text:
-            return counted[1]
-        tokens = count_tokens(self.text) if self.text else 0
-        self.counted = (self.text, tokens)
-        return tokens
+        return self._per_text("counted", lambda text: count_tokens(text) if text else 0)
+
+    def json_escaped(self):
+        """``json_text(self.text)`` without its quotes, encoded once per text."""
+        return self._per_text("escaped", lambda text: json_text(text)[1:-1])
+
+    def _per_text(self, field, compute):
+        """``compute(self.text)``, kept in ``field`` as (text, value) for as long as the text is this one."""
+        kept = getattr(self, field)
+        if kept and kept[0] is self.text:
+            return kept[1]
+        value = compute(self.text)
+        setattr(self, field, (self.text, value))
+        return value
 
 
 # A guardrail refusal: the request is well formed and the client authorised,
@@ -500,7 +499,7 @@ def _merge(lists, merge):
             for key, score in sorted(fused.items(), key=lambda item: -item[1])]
 
 
-def _inject(exchange, found, conversation, encode_once_min):
+def inject_retrieved(exchange, found, conversation=None, encode_once_min=None):
     """inject ``found`` into the exchange's payload; the paths changed.
 
     When its text has ``encode_once_min`` characters or more, the splice
@@ -512,19 +511,20 @@ def _inject(exchange, found, conversation, encode_once_min):
     where the context is thousands.
     """
     endpoint, payload, mode = exchange.endpoint.name, exchange.payload, exchange.route.inject_mode
-    if len(found.text) < encode_once_min:
+    if len(found.text) < (ENCODE_ONCE_MIN if encode_once_min is None else encode_once_min):
         return inject(endpoint, payload, found.text, mode, found.replaces_question, conversation)
     shadow = dict(payload)
     placed = inject(endpoint, shadow, PLACEHOLDER, mode, found.replaces_question, conversation)
     edits = inject(endpoint, payload, found.text, mode, found.replaces_question, conversation)
     if placed != edits:   # inject placed text by its content: not this function's premise
         return edits
+    escaped = found.json_escaped()
     encoded = exchange.encoded if exchange.encoded is not None else {}
     for path in edits:
         value, stand_in = payload[path[0]], shadow[path[0]]
         if len(path) > 1:
             value, stand_in = value[path[1]], stand_in[path[1]]
-        text = json_text_with(stand_in, found.json_escaped())
+        text = json_text_with(stand_in, escaped)
         if text is not None:
             encoded[path] = (value, text)
     exchange.encoded = encoded
@@ -573,7 +573,7 @@ class Retriever:
         # The raw text of the turns of the latest agent loops, each up to
         # inject.MAX_SEEN_BYTES, with its turn key: a later round's key is a comparison.
         self.turn_texts = _LRU(_TURN_TEXTS)
-        # A context this long is encoded once for all the rounds of its turn (_inject).
+        # A context this long is encoded once for all the rounds of its turn (inject_retrieved).
         self.encode_once_min = ENCODE_ONCE_MIN
         self.disabled_rerankers = {}  # provider name -> why, after a permanent error (the panel shows it)
         self._guards, self._redactors = {}, {}   # compiled once per set of deny patterns / categories
@@ -716,7 +716,7 @@ class Retriever:
             if not found.text:
                 exchange.retrieval["outcome"] = "over_budget"
         try:
-            edits = _inject(exchange, found, conversation, self.encode_once_min) if found.text else ()
+            edits = inject_retrieved(exchange, found, conversation, self.encode_once_min) if found.text else ()
         except RecursionError:
             raise ClientError(400, _TOO_DEEP) from None
         if edits:

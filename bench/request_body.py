@@ -24,9 +24,8 @@ Sides:
                              before that commit, injection cost "serialize again")
   inject + splice, N KB      inject and with_edits, as a request that injects N KB
                              of context pays them (--contexts)
-  ... encoded once, N KB     the same where the context was encoded once for its
-                             turn: a placeholder injected into a copy, that copy's
-                             turn encoded, the context put in (retrieval._inject)
+  ... encoded once, N KB     the same in a later round of the turn, whose context
+                             was encoded once (what inject_retrieved does from 2 KB)
 """
 
 from __future__ import annotations
@@ -158,10 +157,11 @@ def body_helpers(rp):
                                      with_edits=getattr(rp, "_with_edits", None))  # absent before 7d10aaa
     api = importlib.import_module("_ragproxy.api")
     jsonbody = importlib.import_module("_ragproxy.jsonbody")
+    retrieval = importlib.import_module("_ragproxy.retrieval")
     return types.SimpleNamespace(json_object_of=jsonbody.json_object_of, json_bytes=api.json_bytes,
                                  with_model=jsonbody.with_model, with_edits=jsonbody.with_edits,
-                                 json_text=api.json_text, json_text_with=getattr(jsonbody, "json_text_with", None),
-                                 placeholder=getattr(jsonbody, "PLACEHOLDER", None), members=jsonbody.Members)
+                                 members=jsonbody.Members, retrieved=retrieval.Retrieved,
+                                 inject_retrieved=getattr(retrieval, "inject_retrieved", None))
 
 
 def context_sides(rp, helpers, body, contexts):
@@ -188,18 +188,16 @@ def _context_rounds(rp, helpers, body, members, context):
     def plain():
         sent = dict(payload)
         return helpers.with_edits(body, sent, rp.inject("messages", sent, context, "before_last_user"), members)
-    if helpers.json_text_with is None:
+    if helpers.inject_retrieved is None:
         return plain, None
-    escaped = helpers.json_text(context)[1:-1]
+    found = helpers.retrieved(context, (), "retrieved")
+    found.json_escaped()   # the turn's first round encoded it
 
     def encoded_once():
-        sent = dict(payload)
-        shadow = dict(sent)
-        rp.inject("messages", shadow, helpers.placeholder, "before_last_user")
-        paths = rp.inject("messages", sent, context, "before_last_user")
-        known = {path: (sent[path[0]][path[1]], helpers.json_text_with(shadow[path[0]][path[1]], escaped))
-                 for path in paths}
-        return helpers.with_edits(body, sent, paths, members, known)
+        exchange = types.SimpleNamespace(endpoint=types.SimpleNamespace(name="messages"), payload=dict(payload),
+                                         route=types.SimpleNamespace(inject_mode="before_last_user"), encoded=None)
+        paths = helpers.inject_retrieved(exchange, found, encode_once_min=0)
+        return helpers.with_edits(body, exchange.payload, paths, members, exchange.encoded)
     return plain, encoded_once
 
 

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from _ragproxy.admintokens import TOKEN_AUDIENCE, LoginThrottle, b64url, issue_token, verify_token
+from conftest import ManualClock
 
 SECRET = "panel-secret"
 
@@ -58,16 +59,8 @@ def test_signed_claims_that_are_not_an_object_with_a_numeric_expiry_are_refused(
     assert verify_token(SECRET, issue_token(SECRET, claims), 0) is None
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_the_throttle_lets_the_free_failures_through_then_doubles_the_wait_up_to_its_cap():
-    clock = Clock()
+    clock = ManualClock(0.0)
     throttle = LoginThrottle(clock, window=900.0, max_wait=8.0)
     waits = []
     for _ in range(7):
@@ -75,18 +68,18 @@ def test_the_throttle_lets_the_free_failures_through_then_doubles_the_wait_up_to
         waits.append(throttle.wait("10.0.0.1"))
     assert waits == [0.0, 0.0, 1.0, 2.0, 4.0, 8.0, 8.0]
     assert throttle.wait("10.0.0.2") == 0.0                             # per address
-    clock.now += 3.0
+    clock.advance(3.0)
     assert throttle.wait("10.0.0.1") == 5.0
     throttle.succeeded("10.0.0.1")
     assert throttle.wait("10.0.0.1") == 0.0
 
 
 def test_the_throttle_forgets_after_its_window_and_keeps_a_bounded_number_of_addresses():
-    clock = Clock()
+    clock = ManualClock(0.0)
     throttle = LoginThrottle(clock, window=60.0, max_clients=3)
     throttle.failed("a", free=1)
     assert throttle.wait("a") == 1.0
-    clock.now += 61
+    clock.advance(61)
     throttle.failed("a", free=2)     # the earlier failure is out of the window: this is the first again
     assert throttle.wait("a") == 0.0
     for client in ("b", "c", "d"):
