@@ -136,7 +136,7 @@ def _part_kind(part):
     """Classify a content part: human, harness, tool or other (images, files, unknown)."""
     text = _part_text(part)
     if text is not None:
-        return "human" if _strip_harness(text).strip() else "harness"
+        return "human" if _opens_with_words(text) or _strip_harness(text).strip() else "harness"
     if _part_type(part) in _TOOL_PART_TYPES:
         return "tool"
     return "other"
@@ -145,7 +145,21 @@ def _part_kind(part):
 def _is_human(fmt, item):
     if _entry_role(fmt, item) != "user":
         return False
-    return any(_part_kind(p) == "human" for p in _content_parts(item.get("content")))
+    texts = [text for text in map(_part_text, _content_parts(item.get("content"))) if text is not None]
+    # The human words of Claude Code's turn follow its <system-reminder> parts: looked at first,
+    # they spare the harness pattern a scan of each reminder on every request of an agent loop.
+    return any(map(_opens_with_words, texts)) or any(_strip_harness(text).strip() for text in texts)
+
+
+def _opens_with_words(text):
+    """Whether ``text`` keeps words after _strip_harness, told from its first non-blank character.
+
+    That character survives the cut when it is neither ``<`` nor ``#``: every
+    harness block starts with one of them, and none can start on a blank
+    before it.  False means only that the pattern must decide.
+    """
+    text = text.lstrip()
+    return bool(text) and text[0] not in "<#"
 
 
 def _last_human(fmt, seq):

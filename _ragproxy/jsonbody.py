@@ -425,6 +425,24 @@ def raw_entries(members, key, upto=None, leave_out=None, utf8=False, within=None
     return text
 
 
+def raw_value(members, path):
+    """The body's own text of the value at ``path`` (see inject): a top-level
+    member, ``(key,)``, or one entry of an expanded array, ``(key, index)``.
+
+    Bytes cut from an ASCII body, else a str; None when it cannot be told (as
+    raw_entries).  Two bodies whose texts there are equal hold equal values.
+    """
+    if members.spans is None or path[0] not in members.spans:
+        return None
+    span = members.spans[path[0]]
+    start, end = span[:2]
+    if len(path) > 1:
+        if len(span) < 3 or not 0 <= path[1] < len(span[2]):
+            return None
+        start, end = span[2][path[1]]
+    return (members.body if members.ascii else members.text)[start:end]
+
+
 def _raw_entries(members, key, upto, leave_out, from_body, within):
     if members.spans is None or key not in members.spans:
         return None

@@ -50,7 +50,7 @@ from .inject import (
     turn_key,
     uses_query,
 )
-from .jsonbody import PLACEHOLDER, Members, json_text_with, raw_entries
+from .jsonbody import PLACEHOLDER, Members, json_text_with, raw_entries, raw_value
 from .npy import StoreError
 from .redact import Redactor
 
@@ -499,36 +499,64 @@ def _merge(lists, merge):
             for key, score in sorted(fused.items(), key=lambda item: -item[1])]
 
 
-def inject_retrieved(exchange, found, conversation=None, encode_once_min=None):
+def inject_retrieved(exchange, found, conversation=None, encode_once_min=None, sent_texts=None):
     """inject ``found`` into the exchange's payload; the paths changed.
 
-    When its text has ``encode_once_min`` characters or more, the splice
-    (jsonbody.with_edits) gets each changed value's JSON text too, encoded
-    with that text as encoded once for every round of a turn
-    (Retrieved.json_escaped): inject is first run with a placeholder for the
-    text on a shallow copy of the payload, which inject does not edit below
-    its top level, and the copy's values are encoded, a few hundred bytes
-    where the context is thousands.
+    The splice (jsonbody.with_edits) is given each changed value's JSON text
+    where it is known without encoding the value whole (Exchange.encoded):
+
+    - ``sent_texts``, a dict the turn keeps (its _Turn's), maps the path of an
+      entry to the entry's text as sent, the text injected and the JSON text of
+      the entry with it.  Each round of an agent loop sends the turn's human
+      message again, byte for byte, and gets the same context: from its third
+      round on (the second moves the client's cache marker off it) the entry
+      is encoded no more.  Equal texts hold equal values, and inject's change
+      to an entry depends on nothing else but the text and the mode.
+    - Otherwise, when the text has ``encode_once_min`` characters or more,
+      inject is run with a placeholder for the text on a shallow copy of the
+      payload, which inject does not edit below its top level, and the copy's
+      values are encoded, a few hundred bytes where the context is thousands,
+      with the context's own JSON text (Retrieved.json_escaped) put in.
     """
     endpoint, payload, mode = exchange.endpoint.name, exchange.payload, exchange.route.inject_mode
-    if len(found.text) < (ENCODE_ONCE_MIN if encode_once_min is None else encode_once_min):
+    members = exchange.members if sent_texts is not None else None
+    if members is None or members.body is not exchange.request.body or exchange.edits or exchange.changed:
+        sent_texts = None   # the body's text is not what the payload holds
+    long = len(found.text) >= (ENCODE_ONCE_MIN if encode_once_min is None else encode_once_min)
+    if sent_texts is None and not long:
         return inject(endpoint, payload, found.text, mode, found.replaces_question, conversation)
-    shadow = dict(payload)
-    placed = inject(endpoint, shadow, PLACEHOLDER, mode, found.replaces_question, conversation)
+    before = dict(payload)
     edits = inject(endpoint, payload, found.text, mode, found.replaces_question, conversation)
-    if placed != edits:   # inject placed text by its content: not this function's premise
-        return edits
-    escaped = found.json_escaped()
     encoded = exchange.encoded if exchange.encoded is not None else {}
+    shadow = None
     for path in edits:
-        value, stand_in = payload[path[0]], shadow[path[0]]
-        if len(path) > 1:
-            value, stand_in = value[path[1]], stand_in[path[1]]
-        text = json_text_with(stand_in, escaped)
+        value = _value_at(payload, path)
+        sent = raw_value(members, path) if sent_texts is not None and len(path) > 1 else None
+        kept = sent_texts.get(path) if sent is not None else None
+        if kept is not None and kept[1] is found.text and kept[0] == sent:
+            encoded[path] = (value, kept[2])
+            continue
+        text = None
+        if long:
+            if shadow is None:
+                shadow = before   # the conversation read before inject still describes it
+                placed = inject(endpoint, shadow, PLACEHOLDER, mode, found.replaces_question, conversation)
+                long = placed == edits   # else inject placed text by its content: not this premise
+            if long:
+                text = json_text_with(_value_at(shadow, path), found.json_escaped())
+        if text is None and sent is not None:
+            text = json_text(value)
         if text is not None:
             encoded[path] = (value, text)
+            if sent is not None:
+                sent_texts[path] = (sent, found.text, text)
     exchange.encoded = encoded
     return edits
+
+
+def _value_at(payload, path):
+    value = payload[path[0]]
+    return value[path[1]] if len(path) > 1 else value
 
 
 def _compression_key(exchange):
@@ -547,9 +575,10 @@ ENCODE_ONCE_MIN = 2048
 _TURN_TEXTS = 64
 
 
-class _Turn(collections.namedtuple("_Turn", "found query question")):
+class _Turn(collections.namedtuple("_Turn", "found query question sent_texts")):
     """What the first request of a human turn retrieved (Retriever.turns), with the query
-    it searched and the words that filled {query}: a later round takes all three."""
+    it searched and the words that filled {query}: a later round takes all three.  And
+    the JSON texts of the entries its rounds injected into (inject_retrieved's ``sent_texts``)."""
 
     __slots__ = ()
 
@@ -710,13 +739,15 @@ class Retriever:
         else:
             found = self._retrieve(exchange, names, query, question, in_place, screen)
             if key and found.outcome in ("retrieved", "no_match"):
-                self.turns.put(key, _Turn(found, query, question))
+                known = _Turn(found, query, question, {})
+                self.turns.put(key, known)
         if limit and found.text:
             found = self._fit(found, limit, own_tokens, question, screen)
             if not found.text:
                 exchange.retrieval["outcome"] = "over_budget"
         try:
-            edits = inject_retrieved(exchange, found, conversation, self.encode_once_min) if found.text else ()
+            edits = inject_retrieved(exchange, found, conversation, self.encode_once_min,
+                                     known and known.sent_texts) if found.text else ()
         except RecursionError:
             raise ClientError(400, _TOO_DEEP) from None
         if edits:

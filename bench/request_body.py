@@ -26,12 +26,16 @@ Sides:
                              of context pays them (--contexts)
   ... encoded once, N KB     the same in a later round of the turn, whose context
                              was encoded once (what inject_retrieved does from 2 KB)
+  ... kept by the turn, N KB the same from the turn's third round on, whose human
+                             message is sent as in the round before: its JSON text
+                             with the context in is the one that round's got
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import random
 import statistics
@@ -166,19 +170,20 @@ def body_helpers(rp):
 
 def context_sides(rp, helpers, body, contexts):
     """Injecting ``contexts`` (sizes in bytes) and splicing, as every round of a turn pays it
-    (the body's Members found as it was parsed), without and (where this version has it)
-    with the context encoded once for the turn."""
+    (the body's Members found as it was parsed), without and (where this version has them)
+    with the context encoded once for the turn, and with the turn's message kept encoded."""
     sides = {}
     members = helpers.members(body, ("messages",))   # as the parse found them: what the proxy splices with
     words = random.Random(11).choices(["def", "return", "self.value", "numpy", "array(", "x", "=", "1", "+",
                                        '"text"', "C:\\path", "caf\u00e9", "\n"], k=20000)
     for size in contexts:
-        plain, encoded_once = _context_rounds(rp, helpers, body, members, " ".join(words)[:size])
+        plain, *later = _context_rounds(rp, helpers, body, members, " ".join(words)[:size])
         sides[f"inject + splice, {size // 1000} KB"] = plain
-        if encoded_once is not None:
-            if encoded_once() != plain():
-                raise SystemExit("the context encoded once gave other bytes")
-            sides[f"... encoded once, {size // 1000} KB"] = encoded_once
+        for label, fn in zip(("encoded once", "kept by the turn"), later):
+            if fn is not None:
+                if fn() != plain():
+                    raise SystemExit(f"the context {label} gave other bytes")
+                sides[f"... {label}, {size // 1000} KB"] = fn
     return sides
 
 
@@ -189,16 +194,22 @@ def _context_rounds(rp, helpers, body, members, context):
         sent = dict(payload)
         return helpers.with_edits(body, sent, rp.inject("messages", sent, context, "before_last_user"), members)
     if helpers.inject_retrieved is None:
-        return plain, None
+        return plain, None, None
     found = helpers.retrieved(context, (), "retrieved")
     found.json_escaped()   # the turn's first round encoded it
 
-    def encoded_once():
+    def a_round(**turn):
         exchange = types.SimpleNamespace(endpoint=types.SimpleNamespace(name="messages"), payload=dict(payload),
-                                         route=types.SimpleNamespace(inject_mode="before_last_user"), encoded=None)
-        paths = helpers.inject_retrieved(exchange, found, encode_once_min=0)
+                                         route=types.SimpleNamespace(inject_mode="before_last_user"), encoded=None,
+                                         members=members, request=types.SimpleNamespace(body=body), edits=(),
+                                         changed=False)
+        paths = helpers.inject_retrieved(exchange, found, encode_once_min=0, **turn)
         return helpers.with_edits(body, exchange.payload, paths, members, exchange.encoded)
-    return plain, encoded_once
+    if "sent_texts" not in inspect.signature(helpers.inject_retrieved).parameters:
+        return plain, a_round, None
+    sent_texts = {}
+    a_round(sent_texts=sent_texts)   # the round before, which sent the human message as this one does
+    return plain, a_round, lambda: a_round(sent_texts=sent_texts)
 
 
 def measure(rp, size, repeat, contexts=()):

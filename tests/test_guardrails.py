@@ -8,6 +8,7 @@ every body it receives, so "the upstream got only the clean passages" is read
 off the wire.
 """
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -351,6 +352,35 @@ def test_max_input_tokens_cuts_whole_chunks_from_the_end(make_proxy, fake, data_
     assert "[... truncated]" not in sent
     assert own + counter(sent) - counter(QUESTION) <= limit
     assert _metric(p, "ragproxy_context_chunks_cut_total") == row["budget"]["cut"]
+
+
+def test_a_later_round_with_less_room_sends_fewer_chunks_than_the_rounds_before(make_proxy, fake, data_dir):
+    """The rounds of one turn grow.  A round whose tool result leaves less room gets whole chunks cut,
+    though its human message is sent as in the rounds before, whose message with the context in
+    the turn keeps encoded: what goes upstream is the context that fits, as the log says."""
+    call = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+
+    def turn(*results):
+        messages = [{"role": "user", "content": QUESTION}]
+        for result in results:
+            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "c1", "content": result}]
+        _openai(p).chat.completions.create(model="llama3", messages=messages)
+        row = logged_rows(p.app, 1)[0]
+        human = fake.last.json["messages"][0]["content"]
+        assert len(re.findall(r"^\[\d\] docs/", human, re.M)) == len(row["chunk_ids"])   # passages sent, logged
+        return row, human
+
+    p = start(make_proxy, fake, data_dir)
+    whole, _ = turn()
+    assert len(whole["chunk_ids"]) == 3
+    limit = p.app.retriever.count_tokens(QUESTION) + whole["context_tokens"] + 60   # room for two tool rounds
+    p.app.reload(ragproxy.Config.from_text(config(fake.url, model_extra=f", max_input_tokens: {limit}")))
+    rows = [turn(), turn("ok"), turn("ok", "ok"), turn("ok", "ok", "the kettle file says " * 16)]
+    assert [row["outcome"] for row, _ in rows] == ["retrieved", "cached", "cached", "cached"]
+    assert rows[0][1] == rows[1][1] == rows[2][1] and len(rows[2][0]["chunk_ids"]) == 3
+    cut, human = rows[3]
+    assert 1 <= len(cut["chunk_ids"]) < 3 and cut["budget"]["tokens"] <= limit and len(human) < len(rows[2][1])
 
 
 def test_a_request_over_max_input_tokens_on_its_own_gets_no_context(make_proxy, fake, data_dir):

@@ -395,6 +395,26 @@ def test_turn_key_none_without_a_human_turn():
 
 
 
+def test_a_part_or_turn_is_human_exactly_when_the_harness_pattern_leaves_words():
+    # _part_kind and _is_human tell most texts from their first character; the pattern alone is the definition.
+    pieces = ["", " ", "\n", "\t", "\u3000", "\x1c", "hi", "#", "# AGENTS.md instructions for /r\n", "<",
+              "<system-reminder>", "</system-reminder>", "<skill x=1>", "</skill>", "<b>", "</b>", "a<b",
+              "<INSTRUCTIONS>", "</INSTRUCTIONS>", "# ", "##", "x"]
+    rng = random.Random(21)
+    fmt = inject._INJECT_FORMATS["messages"]
+    for _ in range(4000):
+        texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))) for _ in range(rng.randint(0, 3))]
+        parts = [{"type": "text", "text": t} for t in texts] + rng.choice([[], [{"type": "tool_result"}]])
+        rng.shuffle(parts)
+        words = [bool(inject._HARNESS_RE.sub("", t).strip()) for t in texts]
+        assert [inject._part_kind({"type": "text", "text": t}) for t in texts] == \
+            ["human" if w else "harness" for w in words], texts
+        expected = any(words)
+        assert inject._is_human(fmt, {"role": "user", "content": parts}) is expected, texts
+        if len(texts) == 1:
+            assert inject._is_human(fmt, {"role": "user", "content": texts[0]}) is expected, texts
+
+
 # -- continues_turn ------------------------------------------------------------
 
 @pytest.mark.parametrize("endpoint", sorted(LOOPS))

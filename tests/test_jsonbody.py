@@ -97,6 +97,19 @@ def test_raw_entries_declines_what_it_cannot_tell(body, key, upto):
     assert jsonbody.raw_entries(_members(body), key, upto) is None
 
 
+def test_raw_value_is_the_clients_text_of_one_member_or_entry():
+    body = rb'{"system": "caf\u00e9" , "messages": [ {"a": 1.50} ,{"b":"\u00e9"} ]}'
+    members = _members(body)   # an ASCII body: its own bytes
+    assert jsonbody.raw_value(members, ("messages", 1)) == rb'{"b":"\u00e9"}'
+    assert jsonbody.raw_value(members, ("system",)) == rb'"caf\u00e9"'
+    assert jsonbody.raw_value(members, ("messages",)) == rb'[ {"a": 1.50} ,{"b":"\u00e9"} ]'
+    utf8 = _members(body.replace(rb"\u00e9", "\u00e9".encode()))   # text, where bytes are not characters
+    assert jsonbody.raw_value(utf8, ("messages", 1)) == '{"b":"\u00e9"}'
+    for declined, path in [(b'{"messages":[1],"messages":[1]}', ("messages", 0)), (b'{"messages":[1]}', ("messages", 1)),
+                           (b'{"messages":[1]}', ("input",)), (b'{"messages":{"a":1}}', ("messages", 0))]:
+        assert jsonbody.raw_value(_members(declined), path) is None
+
+
 CACHE_CONTROL_CASES = [
     {"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}},          # last member
     {"cache_control": {"type": "ephemeral", "ttl": "1h"}, "type": "text", "text": "q"},  # first

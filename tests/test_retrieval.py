@@ -610,6 +610,50 @@ def test_no_knowledge_base_is_searched_once_the_time_limit_has_passed(rag_proxy)
 
 # -- what a fail_closed error tells the client ---------------------------------------
 
+def test_a_turns_human_message_sent_again_as_it_was_is_not_encoded_again(make_proxy, fake, data_dir):
+    """From an agent loop's third round on, the turn's human message, which the client sends
+    byte for byte as in the round before, goes upstream as the JSON text that round's got (its
+    _Turn keeps it).  The cache marker Claude Code moves off it in the second round makes that
+    round's message another text, which is encoded for itself."""
+    fake.secrets = [SECRET]
+    proxy = make_proxy(kb_config(fake.url), data_dir=data_dir)
+    proxy.app.knowledge_bases.index_all()
+    marker = {"type": "ephemeral"}
+
+    def loop(rounds):   # the human turn, then tool rounds; the marker on the newest message
+        words = {"type": "text", "text": "What does the purple elephant do?"}
+        messages = [{"role": "user", "content": [
+            {"type": "text", "text": "<system-reminder>\nBe brief.\n</system-reminder>"},
+            dict(words, cache_control=marker) if not rounds else words]}]
+        for r in range(rounds):
+            result = {"type": "tool_result", "tool_use_id": f"t{r}", "content": "ok"}
+            messages += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{r}", "name": "Read",
+                                                            "input": {}}]},
+                         {"role": "user", "content": [dict(result, cache_control=marker) if r == rounds - 1
+                                                      else result]}]
+        return {"model": "llama3", "max_tokens": 64, "system": "Be exact.", "messages": messages}
+
+    def send(rounds):
+        status, _ = _raw_post(proxy.url, "/v1/messages", loop(rounds), {"anthropic-version": "2023-06-01"})
+        assert status == 200 and fake.last.body.count(SECRET.encode()) == 1
+        return fake.last.json["messages"][0]
+
+    human = [send(rounds) for rounds in range(4)]
+    assert [row["outcome"] for row in logged_rows(proxy.app, 4)][::-1] == ["retrieved"] + ["cached"] * 3
+    assert "cache_control" in human[0]["content"][-1]
+    assert human[1] == human[2] == human[3] == dict(human[0], content=[
+        {k: v for k, v in part.items() if k != "cache_control"} for part in human[0]["content"]])
+    (turn,) = proxy.app.retriever.turns._data.values()
+    (path,) = turn.sent_texts
+    sent, text, encoded = turn.sent_texts[path]
+    assert path == ("messages", 0) and b"cache_control" not in sent and json.loads(encoded) == human[3]
+    # What the next round sends upstream is that text, not the message encoded again:
+    kept = encoded.replace("What does the purple", "What does the kept")
+    assert kept != encoded
+    turn.sent_texts[path] = (sent, text, kept)
+    assert send(3) == json.loads(kept) and send(0) == human[0]
+
+
 def _refused_url():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
