@@ -10,7 +10,7 @@ unchanged keeps the stored one (see masking).  A client key made here (created
 or rotated) is random and is shown in full once, in that answer, never again.
 
 May import: admintokens, api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, metrics,
-reqlog, storeadmin, uploads, upstream, yamlish.
+reqlog, schema, storeadmin, uploads, upstream, yamlish.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import urllib.parse
 from . import __version__, deps
 from .admintokens import TOKEN_AUDIENCE, LoginThrottle, b64url, issue_token, verify_token
 from .api import ClientError, Response, json_response
-from .config import KB_NAME, ConfigError, copy_default, loggable_url, model_field_choices, valid_kb_name
+from .config import KB_NAME, ConfigError, copy_default, loggable_url, valid_kb_name
 from .docfolder import read_manifest
 from .embeddings import EmbeddingClient, EmbeddingError, RerankClient, RerankError
 from .files import remove_leftover_dirs
@@ -38,6 +38,7 @@ from .jsonbody import json_object_of
 from .masking import MaskError, is_secret_header, mask_secret, mask_text, restore, restore_text
 from .metrics import MCP_OUTCOMES
 from .reqlog import RETRIEVAL_OUTCOMES
+from .schema import model_field_choices
 from .storeadmin import StoreAdmin
 from .uploads import UploadError, UploadLimits, Uploads
 from .upstream import UpstreamError

@@ -304,5 +304,5 @@ def test_compression_families_count_each_lever_by_outcome_and_reason_and_the_tok
 
 def test_the_compression_lever_label_set_is_the_configs_levers():
     # metrics cannot import config (one layer): the closed label set is written there and checked here.
-    from _ragproxy import config, metrics
-    assert metrics.COMPRESSION_LEVERS == tuple(config.LEVER_SCHEMAS)
+    from _ragproxy import metrics, schema
+    assert metrics.COMPRESSION_LEVERS == tuple(schema.LEVER_SCHEMAS)
