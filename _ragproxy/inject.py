@@ -766,9 +766,9 @@ def inject(endpoint, payload, text, mode="before_last_user", replaces_question=F
     if i is None:
         return ()
     if mode == "before_last_user":
-        seq = payload[fmt.turns] = list(seq)
-        seq[i] = _prefix_content(fmt, seq[i], text, replace)
-        return ((fmt.turns, i),)
+        path = (fmt.turns, i)
+        put_entry(payload, path, _prefix_content(fmt, seq[i], text, replace))
+        return (path,)
     if mode == "new_message":
         seq = payload[fmt.turns] = list(seq)
         message = seq[i]
@@ -784,6 +784,29 @@ def inject(endpoint, payload, text, mode="before_last_user", replaces_question=F
 
 
 _USER_TURN_MODES = ("before_last_user", "new_message")
+
+
+def injected_entry(endpoint, payload, mode, conversation=None):
+    """The path, ``(key, index)``, of the one entry inject changes for ``mode`` when
+    that change depends on nothing but the entry, the text and ``replaces_question``:
+    before_last_user's last human turn.  None where inject adds an entry, changes a
+    system prompt or a bare prompt, or changes nothing.
+
+    A caller that knows what inject made of an equal entry with the same text
+    puts that (put_entry) instead of running inject again.
+    """
+    conversation = conversation or Conversation(endpoint, payload)
+    if mode != "before_last_user" or not isinstance(conversation.seq, list):
+        return None
+    i = conversation.last_human
+    return None if i is None else (conversation.fmt.turns, i)
+
+
+def put_entry(payload, path, entry):
+    """Put ``entry`` at ``path``, ``(key, index)``, in a copy of the list (copy on write, as inject)."""
+    key, i = path
+    entries = payload[key] = list(payload[key])
+    entries[i] = entry
 
 
 def _harness_spans(s):

@@ -44,7 +44,9 @@ from .inject import (
     extract_query,
     fill_template,
     inject,
+    injected_entry,
     line_range,
+    put_entry,
     question_text,
     render_chunks,
     turn_key,
@@ -506,12 +508,13 @@ def inject_retrieved(exchange, found, conversation=None, encode_once_min=None, s
     where it is known without encoding the value whole (Exchange.encoded):
 
     - ``sent_texts``, a dict the turn keeps (its _Turn's), maps the path of an
-      entry to the entry's text as sent, the text injected and the JSON text of
-      the entry with it.  Each round of an agent loop sends the turn's human
-      message again, byte for byte, and gets the same context: from its third
-      round on (the second moves the client's cache marker off it) the entry
-      is encoded no more.  Equal texts hold equal values, and inject's change
-      to an entry depends on nothing else but the text and the mode.
+      entry to a _Sent: the entry's text as sent, the text injected, and the
+      entry inject made of it with its JSON text.  Each round of an agent loop
+      sends the turn's human message again, byte for byte, and gets the same
+      context: from its third round on (the second moves the client's cache
+      marker off it) inject does not run and the entry is encoded no more.
+      Equal texts hold equal values, and inject's change to the entry it names
+      (inject.injected_entry) depends on nothing else but the text.
     - Otherwise, when the text has ``encode_once_min`` characters or more,
       inject is run with a placeholder for the text on a shallow copy of the
       payload, which inject does not edit below its top level, and the copy's
@@ -522,19 +525,27 @@ def inject_retrieved(exchange, found, conversation=None, encode_once_min=None, s
     members = exchange.members if sent_texts is not None else None
     if members is None or members.body is not exchange.request.body or exchange.edits or exchange.changed:
         sent_texts = None   # the body's text is not what the payload holds
+    encoded = exchange.encoded if exchange.encoded is not None else {}
+    if sent_texts:
+        path = injected_entry(endpoint, payload, mode, conversation)
+        kept = sent_texts.get(path) if path is not None else None
+        if kept is not None and kept.text is found.text and kept.sent == raw_value(members, path):
+            put_entry(payload, path, kept.entry)
+            encoded[path] = (kept.entry, kept.json)
+            exchange.encoded = encoded
+            return (path,)
     long = len(found.text) >= (ENCODE_ONCE_MIN if encode_once_min is None else encode_once_min)
     if sent_texts is None and not long:
         return inject(endpoint, payload, found.text, mode, found.replaces_question, conversation)
     before = dict(payload)
     edits = inject(endpoint, payload, found.text, mode, found.replaces_question, conversation)
-    encoded = exchange.encoded if exchange.encoded is not None else {}
     shadow = None
     for path in edits:
         value = _value_at(payload, path)
         sent = raw_value(members, path) if sent_texts is not None and len(path) > 1 else None
         kept = sent_texts.get(path) if sent is not None else None
-        if kept is not None and kept[1] is found.text and kept[0] == sent:
-            encoded[path] = (value, kept[2])
+        if kept is not None and kept.text is found.text and kept.sent == sent:   # a system message's entry
+            encoded[path] = (value, kept.json)
             continue
         text = None
         if long:
@@ -549,9 +560,17 @@ def inject_retrieved(exchange, found, conversation=None, encode_once_min=None, s
         if text is not None:
             encoded[path] = (value, text)
             if sent is not None:
-                sent_texts[path] = (sent, found.text, text)
+                sent_texts[path] = _Sent(sent, found.text, value, text)
     exchange.encoded = encoded
     return edits
+
+
+class _Sent(collections.namedtuple("_Sent", "sent text entry json")):
+    """What a round of a turn made of one entry (inject_retrieved's ``sent_texts``): the
+    entry's text as the client sent it, the text injected, the entry inject made of them
+    and its JSON text."""
+
+    __slots__ = ()
 
 
 def _value_at(payload, path):

@@ -4,6 +4,7 @@ Request bodies are shaped like what Claude Code, Codex CLI, Aider, the SDKs
 and Ollama clients send (docs/clients.md in the shared notes).
 """
 import copy
+import itertools
 import json
 import random
 import re
@@ -716,6 +717,34 @@ def test_before_last_user_string_inputs_and_ollama():
     body = {"model": "m", "messages": [{"role": "user", "content": "hi", "images": ["iVBO"]}]}
     ragproxy.inject("ollama_chat", body, "CTX")
     assert body["messages"] == [{"role": "user", "content": "CTX\n\nhi", "images": ["iVBO"]}]
+
+
+@pytest.mark.parametrize("mode", inject.INJECT_MODES)
+def test_injected_entry_is_the_one_entry_inject_changes_by_itself(mode):
+    """Where injected_entry names a path, inject changes that entry and nothing else, and
+    makes of it what it makes of the same entry alone in a conversation: what
+    retrieval relies on to put back the entry a round before made."""
+    requests = [(endpoint, make(rounds)) for endpoint, (make, _) in sorted(LOOPS.items()) for rounds in (0, 2)]
+    requests += [("chat", aider_request()), ("responses", {"model": "m", "input": "Summarise README.md"}),
+                 ("ollama_generate", {"model": "m", "prompt": "why"}),
+                 ("chat", {"messages": [{"role": "assistant", "content": "hi"}]})]
+    named = 0
+    for (endpoint, body), replace in itertools.product(requests, (False, True)):
+        payload = copy.deepcopy(body)
+        path = inject.injected_entry(endpoint, payload, mode)
+        edits = inject.inject(endpoint, payload, "CTX", mode, replace)
+        if path is None:
+            assert mode != "before_last_user" or all(len(edit) == 1 for edit in edits), endpoint
+            continue
+        named += 1
+        key, i = path
+        assert edits == (path,) and payload[key][:i] == body[key][:i] and payload[key][i + 1:] == body[key][i + 1:]
+        alone = {key: [copy.deepcopy(body[key][i])]}
+        assert inject.inject(endpoint, alone, "CTX", mode, replace) == ((key, 0),) and alone[key] == [payload[key][i]]
+        again = copy.deepcopy(body)
+        inject.put_entry(again, path, payload[key][i])
+        assert again == payload and again[key] is not body[key]
+    assert named == (2 * 2 * len(LOOPS) + 2 if mode == "before_last_user" else 0)
 
 
 def test_system_modes_openai_chat():

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import socket
+import types
 import urllib.error
 import urllib.request
 
@@ -645,13 +646,50 @@ def test_a_turns_human_message_sent_again_as_it_was_is_not_encoded_again(make_pr
         {k: v for k, v in part.items() if k != "cache_control"} for part in human[0]["content"]])
     (turn,) = proxy.app.retriever.turns._data.values()
     (path,) = turn.sent_texts
-    sent, text, encoded = turn.sent_texts[path]
-    assert path == ("messages", 0) and b"cache_control" not in sent and json.loads(encoded) == human[3]
+    sent, text, entry, encoded = turn.sent_texts[path]
+    assert path == ("messages", 0) and b"cache_control" not in sent and json.loads(encoded) == entry == human[3]
     # What the next round sends upstream is that text, not the message encoded again:
     kept = encoded.replace("What does the purple", "What does the kept")
     assert kept != encoded
-    turn.sent_texts[path] = (sent, text, kept)
+    turn.sent_texts[path] = turn.sent_texts[path]._replace(json=kept)
     assert send(3) == json.loads(kept) and send(0) == human[0]
+
+
+def test_a_kept_entry_goes_back_in_without_inject_running_again():
+    """inject_retrieved with a turn's ``sent_texts``: where the client sends the human message
+    as the round before did, the entry that round made is put back, that very object, with its
+    JSON text for the splice; a message sent otherwise is injected into again."""
+    def a_round(reminder, kept):
+        body = json.dumps({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": f"<system-reminder>{reminder}</system-reminder>"},
+                                         {"type": "text", "text": "Why does it fail?"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}]}).encode()
+        exchange = types.SimpleNamespace(
+            endpoint=types.SimpleNamespace(name="messages"), payload=json.loads(body),
+            route=types.SimpleNamespace(inject_mode="before_last_user"), members=jsonbody.Members(body, ("messages",)),
+            request=types.SimpleNamespace(body=body), edits=(), changed=False, encoded=None)
+        sent = exchange.payload["messages"]
+        assert retrieval.inject_retrieved(exchange, found, sent_texts=kept) == (("messages", 0),)
+        entry = exchange.payload["messages"][0]
+        assert exchange.payload["messages"] is not sent and sent[0]["content"][0]["text"].endswith(
+            "</system-reminder>")
+        value, text = exchange.encoded[("messages", 0)]
+        assert value is entry and json.loads(text) == entry
+        assert entry["content"][1] == {"type": "text", "text": found.text}
+        return entry
+
+    found = retrieval.Retrieved(text="[1] notes.md\nIt fails when the cache is cold.", sources=("n",),
+                                outcome="retrieved")
+    kept = {}
+    first = a_round("Be brief.", kept)
+    assert list(kept) == [("messages", 0)] and kept[("messages", 0)].entry is first
+    assert a_round("Be brief.", kept) is first
+    other = a_round("Be exact.", kept)
+    assert other is not first and other["content"][0]["text"] == "<system-reminder>Be exact.</system-reminder>"
+    assert kept[("messages", 0)].entry is other and a_round("Be exact.", kept) is other
+    found = dataclasses.replace(found, text=found.text + " Warm it first.")   # a budget cut, or another render
+    assert a_round("Be exact.", kept) is not other
 
 
 def _refused_url():
