@@ -370,9 +370,9 @@ class BM25Index:
         # more than (top_k - 1) * terms places hold more than it, and the next place holds no more.
         place = (top_k - 1) * len(spans) + 1
         if len(found) > place:
-            floor = np.partition(found, len(found) - place)[len(found) - place]
-            keep = found >= floor
-            docs, found = docs[keep], found[keep]
+            docs, found = _at_least(np, docs, found, _seed_floor(np, scores, doc_ids, spans, top_k))
+        if len(found) > place:
+            docs, found = _at_least(np, docs, found, np.partition(found, len(found) - place)[len(found) - place])
         order = np.lexsort((docs, -found))
         best, last = [], -1
         for doc, score in zip(docs[order].tolist(), found[order].tolist()):
@@ -471,6 +471,31 @@ class BM25Index:
             raise ValueError("%s: BM25 index files do not match each other" % dirpath)
         return cls(vocab, n_docs=meta["n_docs"], k1=meta["k1"], b=meta["b"],
                    avgdl=meta["avgdl"], **arrays)
+
+
+def _seed_floor(np, scores, doc_ids, spans, top_k):
+    """A score the k-th best document reaches, from the postings of one term: the rarest with
+    ``top_k`` or more.  Its documents are distinct, so ``top_k`` of them score this much or more.
+
+    Partitioning every posting's score for the exact floor cost half of a search over 6,700
+    postings (bench/RESULTS.md, session 24); a term's few postings cost next to nothing, and
+    the rarest term weighs most, so its best documents' scores leave few places above them.
+    None when every term has fewer postings than ``top_k``.
+    """
+    seeds = [(hi - lo, lo, hi) for lo, hi, _ in spans if hi - lo >= top_k]
+    if not seeds:
+        return None
+    _, lo, hi = min(seeds)
+    some = scores.take(doc_ids[lo:hi])
+    return np.partition(some, len(some) - top_k)[len(some) - top_k]
+
+
+def _at_least(np, docs, found, floor):
+    """The places of ``docs`` whose score in ``found`` is ``floor`` or more (all of them for None)."""
+    if floor is None:
+        return docs, found
+    keep = found >= floor
+    return docs[keep], found[keep]
 
 
 def _term_weights(np, weights, lo, hi, count):
