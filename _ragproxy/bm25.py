@@ -74,8 +74,12 @@ class BM25Index:
     #: an 80k-chunk index (bench/RESULTS.md, session 20), median per query, exhaustive against pruned: up to
     #: 5,000 postings 31 against 58 us; 5,000-10,000 47 against 76 us; 10,000-20,000 78 against 92 us;
     #: 20,000-30,000 224 against 126 us, past the size (16,384 float64 scores, 128 KiB) where malloc gives
-    #: each array fresh pages.  GIL hand-offs per search, a query of 8,303 postings: 6 against 19.
-    EXHAUSTIVE_MAX_POSTINGS = 16_384
+    #: each array fresh pages.  GIL hand-offs per search, a query of 8,303 postings: 6 against 19.  Since
+    #: the first floor comes from one term's postings (_seed_floor) rather than a partition of every
+    #: posting's score (session 24, best of 5 per query): SciFact and CoSQA questions of 16,384-32,768
+    #: postings 110 against 185 us, none slower; of 32,768-65,536 154-180 against 234-240 us, but up to
+    #: 6 times slower on some, and longer made-up queries twice as slow: the fresh pages again.
+    EXHAUSTIVE_MAX_POSTINGS = 32_768
 
     #: Postings below which a loaded index scores in pure Python rather than import numpy for it:
     #: the pure path sums ~10 million postings a second here, importing numpy takes ~50 ms.  They
