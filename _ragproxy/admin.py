@@ -9,13 +9,12 @@ masked, in the views and in config.yaml's text alike; a masked key sent back
 unchanged keeps the stored one (see masking).  A client key made here (created
 or rotated) is random and is shown in full once, in that answer, never again.
 
-May import: admintokens, api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, metrics,
+May import: adminroutes, admintokens, api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, metrics,
 reqlog, schema, storeadmin, uploads, upstream, yamlish.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hmac
 import logging
 import math
@@ -27,6 +26,7 @@ import time
 import urllib.parse
 
 from . import __version__, deps
+from .adminroutes import match_route, openapi_document, refuse_traversal
 from .admintokens import TOKEN_AUDIENCE, LoginThrottle, b64url, issue_token, verify_token
 from .api import ClientError, Response, json_response
 from .config import KB_NAME, ConfigError, copy_default, loggable_url, valid_kb_name
@@ -110,98 +110,6 @@ def _config_error_response(exc, with_lines=True):
                                           "errors": errors}})
 
 
-@dataclasses.dataclass(frozen=True)
-class _AdminRoute:
-    method: str
-    pattern: str          # "kbs/{kb}/files": segments after /admin/api/
-    handler: str          # Admin method name
-    summary: str
-    public: bool = False  # reachable without a session token
-
-
-_ADMIN_ROUTES = (
-    _AdminRoute("POST", "login", "login", "Exchange the panel secret key for a session token", public=True),
-    _AdminRoute("GET", "session", "session", "The current session token's expiry"),
-    _AdminRoute("GET", "openapi.json", "openapi", "This document"),
-    _AdminRoute("GET", "overview", "overview", "Version, features, models and knowledge bases"),
-    _AdminRoute("GET", "providers", "list_providers", "Every provider, keys masked"),
-    _AdminRoute("POST", "providers/{kind}", "create_provider", "Add a provider (kind: llm, embedding, rerank)"),
-    _AdminRoute("PUT", "providers/{kind}/{name}", "update_provider", "Change a provider's settings"),
-    _AdminRoute("DELETE", "providers/{kind}/{name}", "delete_provider", "Remove a provider"),
-    _AdminRoute("POST", "providers/{kind}/{name}/test", "test_provider",
-                "Call the provider once; latency and the error text"),
-    _AdminRoute("GET", "models", "list_models", "The model mappings, in order"),
-    _AdminRoute("POST", "models", "create_model", "Add a model mapping"),
-    _AdminRoute("PUT", "models/{name}", "update_model", "Change a model mapping"),
-    _AdminRoute("DELETE", "models/{name}", "delete_model", "Remove a model mapping"),
-    _AdminRoute("GET", "keys", "list_keys", "Client API keys, masked, with their scopes"),
-    _AdminRoute("POST", "keys", "create_key", "Add a client API key (generated; the answer shows it once)"),
-    _AdminRoute("PUT", "keys/{name}", "update_key",
-                "Rename a key or change its scope; rotate: true replaces the key (shown once)"),
-    _AdminRoute("DELETE", "keys/{name}", "delete_key", "Remove a client API key"),
-    _AdminRoute("GET", "kbs", "list_kbs", "Knowledge bases with counts, size and indexing state"),
-    _AdminRoute("POST", "kbs", "create_kb", "Create a knowledge base"),
-    _AdminRoute("GET", "kbs/{kb}", "get_kb", "One knowledge base"),
-    _AdminRoute("PUT", "kbs/{kb}", "update_kb", "Change a knowledge base's settings"),
-    _AdminRoute("DELETE", "kbs/{kb}", "delete_kb", "Delete a knowledge base, its index and its uploads"),
-    _AdminRoute("POST", "kbs/{kb}/reindex", "reindex_kb", "Re-index now (incremental, or full)"),
-    _AdminRoute("GET", "kbs/{kb}/files", "list_files", "Indexed and uploaded files"),
-    _AdminRoute("DELETE", "kbs/{kb}/files", "delete_file", "Delete an uploaded file (?source=)"),
-    _AdminRoute("GET", "kbs/{kb}/chunks", "list_chunks", "Chunks of one file (?source=&offset=&limit=)"),
-    _AdminRoute("POST", "kbs/{kb}/upload", "upload", "Upload files, folders and archives (multipart/form-data)"),
-    _AdminRoute("POST", "kbs/{kb}/search", "search_kb",
-                "Retrieval test: per chunk the lexical, dense, fused and rerank scores"),
-    _AdminRoute("POST", "kbs/{kb}/store/test", "test_kb_store",
-                "Test the knowledge base's vector store live: reachable, collection, vectors, latency"),
-    _AdminRoute("POST", "vectorstore/test", "test_vectorstore",
-                "Connect to a Chroma server (body: base_url, tenant, database; each defaults to the config)"),
-    _AdminRoute("GET", "logs", "list_logs", "The request log, newest first, filtered"),
-    _AdminRoute("GET", "logs/{id}", "get_log", "One logged request and the chunks it injected"),
-    _AdminRoute("GET", "stats", "stats", "Volume, hit rate, latency, hourly trend, per model and per KB"),
-    _AdminRoute("GET", "compression", "compression",
-                "Compression profiles and their levers, each model's choice, the session state, lever counters"),
-    _AdminRoute("GET", "settings", "get_settings", "config.yaml as text, its keys masked"),
-    _AdminRoute("PUT", "settings", "put_settings",
-                "Replace config.yaml (validated first; previous file kept; masked keys keep the stored ones)"),
-    _AdminRoute("POST", "settings/validate", "validate_settings", "Validate config.yaml text without saving"),
-)
-
-
-def _refuse_traversal(name, what):
-    """A name from a URL must not climb out of where it is used: 400, before anything is looked up."""
-    parts = name.replace("\\", "/").split("/")
-    if name.startswith(("/", "\\")) or any(p in (".", "..") for p in parts) or "\0" in name \
-            or re.match(r"[A-Za-z]:[\\/]", name):
-        raise ClientError(400, f"{what} {name!r} is not allowed: no '..', '.', absolute paths or NUL",
-                          "invalid_name")
-    return name
-
-
-def _match_admin_route(method, rest):
-    """``(route, params)`` for ``rest`` (the path after /admin/api/); ClientError 400/404/405 otherwise."""
-    segments = [_refuse_traversal(urllib.parse.unquote(raw, errors="strict"), "path segment")
-                for raw in rest.split("/")]
-    allowed = []
-    for route in _ADMIN_ROUTES:
-        pattern = route.pattern.split("/")
-        if len(pattern) != len(segments):
-            continue
-        params = {}
-        for want, got in zip(pattern, segments):
-            if want.startswith("{") and got:
-                params[want[1:-1]] = got
-            elif want != got:
-                break
-        else:
-            if route.method == method:
-                return route, params
-            allowed.append(route.method)
-    if allowed:
-        raise ClientError(405, f"{method} is not allowed here (use {', '.join(sorted(set(allowed)))})",
-                          "method_not_allowed", headers=[("Allow", ", ".join(sorted(set(allowed))))])
-    raise ClientError(404, f"no such admin endpoint: {method} /admin/api/{rest}", "not_found")
-
-
 def _panel_html():
     """static/panel.html beside the package (a checkout, the .pyz or its extracted copy); None if absent."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -240,7 +148,7 @@ class Admin:
         if not path.startswith("/admin/api/"):
             raise ClientError(404, f"no such endpoint: {request.method} {path}", "not_found")
         try:
-            route, params = _match_admin_route(request.method, path[len("/admin/api/"):])
+            route, params = match_route(request.method, path[len("/admin/api/"):])
         except UnicodeDecodeError:
             raise ClientError(400, "the path is not valid UTF-8 once decoded") from None
         if not route.public:
@@ -304,7 +212,7 @@ class Admin:
             "outcomes": list(dict.fromkeys(RETRIEVAL_OUTCOMES + MCP_OUTCOMES))})
 
     def openapi(self, request):
-        return json_response(200, _openapi_document())
+        return json_response(200, openapi_document())
 
     # -- config changes -----------------------------------------------------
 
@@ -790,7 +698,7 @@ class Admin:
     def list_chunks(self, request, kb):
         kb = self._kb(kb)
         params = _query_params(request)
-        source = _refuse_traversal(params.get("source", ""), "source")
+        source = refuse_traversal(params.get("source", ""), "source")
         generation, _ = kb.current()
         entry = generation.manifest.get(source) if generation is not None else None
         if entry is None:
@@ -809,7 +717,7 @@ class Admin:
 
     def delete_file(self, request, kb):
         kb = self._kb(kb)
-        source = _refuse_traversal(_query_params(request).get("source", ""), "source")
+        source = refuse_traversal(_query_params(request).get("source", ""), "source")
         prefix = kb.documents_label + "/"
         stored = source[len(prefix):] if source.startswith(prefix) else ""
         if not stored or stored not in read_manifest(kb.documents_dir):
@@ -1043,55 +951,3 @@ def _config_list(data, key):
     if not isinstance(data[key], list):
         raise ConfigError([(key, None, "expected a list in the config file")])
     return data[key]
-
-
-def _openapi_document():
-    """OpenAPI 3.1 for the admin API, generated from the route table."""
-    paths = {}
-    error = {"description": "Error",
-             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-    for route in _ADMIN_ROUTES:
-        path = "/admin/api/" + route.pattern
-        names = re.findall(r"\{(\w+)\}", route.pattern)
-        op = {"operationId": route.handler, "summary": route.summary,
-              "parameters": [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names],
-              "responses": {"200" if route.method in ("GET", "PUT", "DELETE") else
-                            {"create_provider": "201", "create_model": "201", "create_kb": "201",
-                             "create_key": "201", "upload": "201", "reindex_kb": "202"}.get(route.handler, "200"):
-                            {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}},
-                            "400": error, "404": error}}
-        if not route.public:
-            op["responses"]["401"] = error
-        if route.handler == "login":
-            op["responses"]["429"] = error
-        if route.handler == "upload":
-            op["responses"]["200"] = {"description": "Nothing new: every file was stored already (unchanged)",
-                                      "content": {"application/json": {"schema": {"type": "object"}}}}
-            op["responses"]["409"] = error   # the upload manifest cannot be read
-            op["responses"]["413"] = error   # a single file or the whole upload over a cap
-        if route.handler in ("create_key", "update_key"):
-            op["responses"]["409"] = error   # a name taken, or a key from the environment to rotate
-        if route.method in ("POST", "PUT"):
-            content_type = "multipart/form-data" if route.handler == "upload" else "application/json"
-            schema = ({"type": "object", "properties": {"files": {"type": "array", "items":
-                                                                  {"type": "string", "format": "binary"}}}}
-                      if route.handler == "upload" else {"type": "object"})
-            op["requestBody"] = {"required": route.handler not in ("reindex_kb", "test_kb_store", "test_vectorstore"),
-                                 "content": {content_type: {"schema": schema}}}
-        if route.public:
-            op["security"] = []
-        paths.setdefault(path, {})[route.method.lower()] = op
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "ragproxy admin API", "version": __version__},
-        "paths": paths,
-        "security": [{"session": []}],
-        "components": {
-            "securitySchemes": {"session": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
-            "schemas": {"Error": {"type": "object", "required": ["error"], "properties": {"error": {
-                "type": "object", "required": ["message", "type"],
-                "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                               "code": {"type": ["string", "null"]},
-                               "errors": {"type": "array", "items": {"type": "object"}}}}}}},
-        },
-    }

@@ -15,7 +15,7 @@ import pytest
 
 import ragproxy
 from _ragproxy import reqlog as ragproxy_reqlog
-from _ragproxy.admin import _ADMIN_ROUTES
+from _ragproxy.adminroutes import ADMIN_ROUTES
 from _ragproxy.admintokens import b64url
 from conftest import ADMIN_KEY, API_KEY, AdminClient, logged_rows, multipart_body, proxy_config
 
@@ -54,7 +54,7 @@ def _wait_indexed(admin, kb, files):
 
 def test_every_admin_endpoint_needs_a_token(admin_proxy):
     client = AdminClient(admin_proxy.url)
-    for route in _ADMIN_ROUTES:
+    for route in ADMIN_ROUTES:
         if route.public:
             continue
         path = "/admin/api/" + route.pattern.format(kind="llm", name="x", kb="docs", id="1")
@@ -435,7 +435,7 @@ def test_settings_edit_validates_with_line_numbers_and_keeps_a_backup(admin_prox
 def test_openapi_document_lists_every_route(admin_proxy):
     status, _, doc = admin_proxy.admin().get("/admin/api/openapi.json")
     assert status == 200 and doc["openapi"].startswith("3.1")
-    for route in _ADMIN_ROUTES:
+    for route in ADMIN_ROUTES:
         assert route.method.lower() in doc["paths"]["/admin/api/" + route.pattern]
     assert doc["paths"]["/admin/api/login"]["post"]["security"] == []
     assert {"200", "201", "400", "409", "413"} <= set(doc["paths"]["/admin/api/kbs/{kb}/upload"]["post"]["responses"])
@@ -447,7 +447,7 @@ def test_readme_lists_every_endpoint():
     here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "..", "README.md"), encoding="utf-8") as f:
         readme = f.read()
-    for route in _ADMIN_ROUTES:
+    for route in ADMIN_ROUTES:
         assert f"{route.method} /admin/api/{route.pattern}" in readme, route
 
 
@@ -747,7 +747,7 @@ def test_upload_to_a_missing_or_hostile_kb_name(admin_proxy):
     assert _tree(admin_proxy.data_dir) == before
 
 
-@pytest.mark.parametrize("route", [r for r in _ADMIN_ROUTES if r.method in ("POST", "PUT")],
+@pytest.mark.parametrize("route", [r for r in ADMIN_ROUTES if r.method in ("POST", "PUT")],
                          ids=lambda r: f"{r.method} {r.pattern}")
 @pytest.mark.parametrize("body", [b"{", b"[1, 2]", b"\xff\xfe", b'"text"', b"null"], ids=["cut", "array", "binary",
                                                                                         "string", "null"])
