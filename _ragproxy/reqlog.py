@@ -56,7 +56,7 @@ REQUEST_LOG_FIELDS = (
     "streamed",        # bool
     "error",           # error text, if any
     "query",           # the retrieval query; stored only when log_query is on
-    # The guardrails (retrieval._Screening.log_fields):
+    # The guardrails (screening.Screening.log_fields):
     "findings",        # how many guardrail findings (poisoning rules, deny patterns)
     "rule_ids",        # list of the rule_ids found (stored as JSON)
     "dropped",         # retrieved chunks dropped as suspected injections
