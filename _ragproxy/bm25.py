@@ -332,7 +332,7 @@ class BM25Index:
                     # The k-th best among this term's documents bounds the
                     # final k-th best from below: scores only grow.
                     part = scores[docs]
-                    theta = max(theta, float(np.partition(part, len(part) - top_k)[len(part) - top_k]))
+                    theta = max(theta, float(_kth_largest(np, part, top_k)))
                     if theta > rest[j] * (1 + _BOUND_SLACK):
                         cands = np.flatnonzero(scores >= theta - rest[j] * (1 + _BOUND_SLACK))
                     else:
@@ -352,15 +352,13 @@ class BM25Index:
                     # the candidates shrink before the next, usually longer, list.
                     cs = scores[cands]
                     if top_k < len(cs) <= _THETA_CANDS:
-                        theta = max(theta, float(np.partition(cs, len(cs) - top_k)[len(cs) - top_k]))
+                        theta = max(theta, float(_kth_largest(np, cs, top_k)))
                     cands = cands[cs >= theta - rest[j] * (1 + _BOUND_SLACK)]
         if cands is None:
             cands = np.flatnonzero(scores)
         cs = scores[cands]
         if len(cands) > top_k:
-            kth = np.partition(cs, len(cs) - top_k)[len(cs) - top_k]
-            keep = cs >= kth
-            cands, cs = cands[keep], cs[keep]
+            cands, cs = _at_least(cands, cs, _kth_largest(np, cs, top_k))
         order = np.lexsort((cands, -cs))[:top_k]
         return [(int(d), float(s)) for d, s in zip(cands[order], cs[order])]
 
@@ -374,9 +372,9 @@ class BM25Index:
         # more than (top_k - 1) * terms places hold more than it, and the next place holds no more.
         place = (top_k - 1) * len(spans) + 1
         if len(found) > place:
-            docs, found = _at_least(np, docs, found, _seed_floor(np, scores, doc_ids, spans, top_k))
+            docs, found = _at_least(docs, found, _seed_floor(np, scores, doc_ids, spans, top_k))
         if len(found) > place:
-            docs, found = _at_least(np, docs, found, np.partition(found, len(found) - place)[len(found) - place])
+            docs, found = _at_least(docs, found, _kth_largest(np, found, place))
         order = np.lexsort((docs, -found))
         best, last = [], -1
         for doc, score in zip(docs[order].tolist(), found[order].tolist()):
@@ -490,12 +488,16 @@ def _seed_floor(np, scores, doc_ids, spans, top_k):
     if not seeds:
         return None
     _, lo, hi = min(seeds)
-    some = scores.take(doc_ids[lo:hi])
-    return np.partition(some, len(some) - top_k)[len(some) - top_k]
+    return _kth_largest(np, scores.take(doc_ids[lo:hi]), top_k)
 
 
-def _at_least(np, docs, found, floor):
-    """The places of ``docs`` whose score in ``found`` is ``floor`` or more (all of them for None)."""
+def _kth_largest(np, values, k):
+    """The ``k``-th largest of ``values`` (1: the largest), which holds at least ``k`` of them."""
+    return np.partition(values, len(values) - k)[len(values) - k]
+
+
+def _at_least(docs, found, floor):
+    """``docs`` and ``found``, their scores, where the score is ``floor`` or more (all of them for None)."""
     if floor is None:
         return docs, found
     keep = found >= floor

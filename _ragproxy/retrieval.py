@@ -365,7 +365,7 @@ def inject_retrieved(exchange, found, conversation=None, encode_once_min=None, s
     if sent_texts:
         path = injected_entry(endpoint, payload, mode, conversation)
         kept = sent_texts.get(path) if path is not None else None
-        if kept is not None and kept.text is found.text and kept.sent == raw_value(members, path):
+        if kept is not None and kept.made_of(raw_value(members, path), found):
             put_entry(payload, path, kept.entry)
             encoded[path] = (kept.entry, kept.json)
             exchange.encoded = encoded
@@ -380,7 +380,7 @@ def inject_retrieved(exchange, found, conversation=None, encode_once_min=None, s
         value = _value_at(payload, path)
         sent = raw_value(members, path) if sent_texts is not None and len(path) > 1 else None
         kept = sent_texts.get(path) if sent is not None else None
-        if kept is not None and kept.text is found.text and kept.sent == sent:   # a system message's entry
+        if kept is not None and kept.made_of(sent, found):   # a system message's entry
             encoded[path] = (value, kept.json)
             continue
         text = None
@@ -407,6 +407,10 @@ class _Sent(collections.namedtuple("_Sent", "sent text entry json")):
     and its JSON text."""
 
     __slots__ = ()
+
+    def made_of(self, sent, found):
+        """Whether this round's entry, sent as ``sent``, gets ``found`` as the kept one did."""
+        return self.text is found.text and self.sent == sent
 
 
 def _value_at(payload, path):
