@@ -337,15 +337,15 @@ def test_a_failing_summarizer_is_not_asked_again_until_its_back_off_ends(fake, _
     def summarizer_calls():
         return len([r for r in fake.requests if r.json and r.json.get("model") == "summarizer-model"])
 
-    def first_lever():
-        return logged_rows(proxy.app, 1)[0]["levers"][0]
+    def first_lever(requests):   # the latest request's row, once all ``requests`` are logged
+        return logged_rows(proxy.app, requests)[0]["levers"][0]
 
     fake.fail_next(500, path="/v1/chat/completions")   # the summarizer's call comes first
     assert client.chat.completions.create(model="agent", messages=messages).choices[0].message.content
-    assert summarizer_calls() == 1 and first_lever()["reason"] == "summarizer_failed"
+    assert summarizer_calls() == 1 and first_lever(1)["reason"] == "summarizer_failed"
     now[0] += levers.SUMMARIZER_BACKOFF - 1
     client.chat.completions.create(model="agent", messages=messages)
-    assert summarizer_calls() == 1 and first_lever()["reason"] == "summarizer_failed"   # not asked
+    assert summarizer_calls() == 1 and first_lever(2)["reason"] == "summarizer_failed"   # not asked
     now[0] += 2
     client.chat.completions.create(model="agent", messages=messages)
-    assert summarizer_calls() == 2 and first_lever()["outcome"] == "applied"
+    assert summarizer_calls() == 2 and first_lever(3)["outcome"] == "applied"

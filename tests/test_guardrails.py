@@ -359,6 +359,7 @@ def test_a_later_round_with_less_room_sends_fewer_chunks_than_the_rounds_before(
     though its human message is sent as in the rounds before, whose message with the context in
     the turn keeps encoded: what goes upstream is the context that fits, as the log says."""
     call = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+    asked = []
 
     def turn(*results):
         messages = [{"role": "user", "content": QUESTION}]
@@ -366,7 +367,8 @@ def test_a_later_round_with_less_room_sends_fewer_chunks_than_the_rounds_before(
             messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
                          {"role": "tool", "tool_call_id": "c1", "content": result}]
         _openai(p).chat.completions.create(model="llama3", messages=messages)
-        row = logged_rows(p.app, 1)[0]
+        asked.append(results)
+        row = logged_rows(p.app, len(asked))[0]   # this request's row: it is logged just after the answer
         human = fake.last.json["messages"][0]["content"]
         assert len(re.findall(r"^\[\d\] docs/", human, re.M)) == len(row["chunk_ids"])   # passages sent, logged
         return row, human
