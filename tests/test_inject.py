@@ -6,6 +6,7 @@ and Ollama clients send (docs/clients.md in the shared notes).
 import copy
 import itertools
 import json
+import os
 import random
 import re
 
@@ -15,6 +16,7 @@ import ragproxy
 from _ragproxy import inject, jsonbody
 from _ragproxy.api import ClientError
 from _ragproxy.inject import continues_turn, fill_template, question_text, render_chunks, uses_query
+from conftest import ROOT
 
 CONTEXT = "Reference material.\n<context>\n[1] docs/retry.md (abc123)\nUse Retry(total=3).\n</context>\n"
 REMINDER = ("<system-reminder>\nAs you answer the user's questions, you can use the following context:\n"
@@ -611,6 +613,41 @@ def test_token_estimate_never_exceeds_utf8_bytes():
     for _ in range(20000):
         text = random_text(rnd)
         assert ragproxy.estimate_tokens_text(text) <= len(text.encode("utf-8", "surrogatepass")), text
+
+
+def _estimate_by_the_rule(text):
+    """estimate_tokens_text's rule, character by character: its docstring as a loop over runs."""
+    def kind(ch):
+        code = ord(ch)
+        if code < 128:
+            return "a" if ch.isalpha() else "d" if ch.isdigit() else "n" if ch == "\n" else " " if ch.isspace() else "s"
+        return "u" if code < 0x2000 else "c" if 0x3000 <= code <= 0xFFFF else "S"
+
+    quarters = 0
+    for run_kind, run in itertools.groupby(map(kind, text), key=lambda k: "L" if k in "au" else "P" if k in "sS" else k):
+        run = list(run)
+        if run_kind == "L":   # 3/4 for the run, one per six letters after its first, 1/4 per non-ASCII letter
+            quarters += 3 + 4 * ((len(run) - 1) // 6) + run.count("u")
+        elif run_kind == "d":   # digits in threes
+            quarters += 4 * ((len(run) + 2) // 3)
+        elif run_kind == "P":   # one for the run of symbols, and one more for each non-ASCII symbol
+            quarters += 4 + 4 * run.count("S")
+        elif run_kind in "cn":
+            quarters += 4 * len(run)
+    return max(1, (quarters + 3) // 4) if text else 0
+
+
+def test_token_estimate_follows_its_rule_on_any_text():
+    rnd = random.Random(21)
+    runs = ["a" * 5, "b" * 6, "c" * 7, "d" * 12, "e" * 13, "1" * 2, "2" * 3, "3" * 4, "4" * 6, "5" * 7, "é" * 7,
+            "ü" * 6, "--", "=>", "日本語", "😀😀", "→→"]
+    for _ in range(20000):
+        text = "".join(rnd.choice(TEXT_PIECES + runs) for _ in range(rnd.randint(0, 24)))
+        assert ragproxy.estimate_tokens_text(text) == _estimate_by_the_rule(text), text
+    with open(os.path.join(ROOT, "_ragproxy", "inject.py"), encoding="utf-8") as f:
+        source = f.read()
+    for at in range(0, len(source), 4999):   # code, with its long identifiers and runs of spaces and digits
+        assert ragproxy.estimate_tokens_text(source[at:at + 3000]) == _estimate_by_the_rule(source[at:at + 3000])
 
 
 @pytest.mark.parametrize("count_name", ["estimate", "words"])
