@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 import re
+import sys
 import threading
 
 from .guard import CATEGORIES as GUARD_CATEGORIES
@@ -239,6 +240,9 @@ _METRIC_FAMILIES = (
     ("gauge", "ragproxy_python_gc_threshold",
      "The collector's thresholds (gc.get_threshold()), by generation: raised by the serve command.",
      ("generation",)),
+    ("gauge", "ragproxy_python_switch_interval_seconds",
+     "How long a thread may hold the GIL while another waits for it (sys.getswitchinterval()): "
+     "lowered by the serve command.", ()),
 )
 #: The closed label sets of the MCP families: the MCP server's tools, and what a call came to
 #: ("denied": it named a knowledge base the caller's key may not read).
@@ -251,12 +255,14 @@ GUARD_WHERE = ("retrieved", "input")
 _FAMILY_CLASSES = {"counter": _PromCounter, "gauge": _PromGauge, "histogram": _PromHistogram}
 
 
-def gc_samples():
-    """Collector samples of Python's cyclic garbage collector: its runs and thresholds."""
+def interpreter_samples():
+    """Collector samples of the interpreter: its cyclic garbage collector's runs and thresholds,
+    and its thread switch interval (the serve command sets both)."""
     out = [("ragproxy_python_gc_collections_total", {"generation": str(n)}, stats["collections"])
            for n, stats in enumerate(gc.get_stats())]
     out += [("ragproxy_python_gc_threshold", {"generation": str(n)}, threshold)
             for n, threshold in enumerate(gc.get_threshold())]
+    out.append(("ragproxy_python_switch_interval_seconds", {}, sys.getswitchinterval()))
     return out
 
 
@@ -297,7 +303,7 @@ class Metrics:
         if predefined:
             for kind, name, help_text, labels, *rest in _METRIC_FAMILIES:
                 self._register(_FAMILY_CLASSES[kind](name, help_text, labels, *rest))
-            self._collectors.append(gc_samples)
+            self._collectors.append(interpreter_samples)
 
     def _register(self, family):
         with self._lock:

@@ -30,9 +30,9 @@ its own, and reads the process's CPU clock instead (the request log's writer
 and the garbage collector are then in the figure) and its context switches
 per request: what concurrency adds, GIL hand-offs above all, without the
 load generator and the sockets of proxy_overhead.py.  Each worker sets the
-cyclic garbage collector's threshold as `serve` does for the version it
-runs (Python's default for a version that sets none); --gc-threshold sets
-another for every version.
+cyclic garbage collector's threshold and the thread switch interval as
+`serve` does for the version it runs (Python's defaults for a version that
+sets none); --gc-threshold sets another threshold for every version.
 
 Standard library only; Python 3.9+.
 """
@@ -99,6 +99,12 @@ def worker_role(opts):
             threshold = None
     if threshold is not None:
         gc.set_threshold(threshold, *gc.get_threshold()[1:])
+    try:
+        from _ragproxy.cli import SERVE_SWITCH_INTERVAL
+    except ImportError:   # a version whose serve leaves the switch interval as Python sets it
+        pass
+    else:
+        sys.setswitchinterval(SERVE_SWITCH_INTERVAL)
     with open(opts.config, encoding="utf-8") as f:
         config = ragproxy.Config.from_text(f.read())
     app = ragproxy.App(config, data_dir=opts.data)
@@ -276,7 +282,8 @@ def main(argv=None):
     print(f"  {opts.rounds} batches of {opts.requests} requests per side and version, interleaved, after "
           f"{opts.warmup} warm-up requests; the median batch's {clock} CPU per request")
     print("  garbage collector threshold: "
-          + (f"{opts.gc_threshold} in every worker" if opts.gc_threshold is not None else "as each version's serve"))
+          + (f"{opts.gc_threshold} in every worker" if opts.gc_threshold is not None else "as each version's serve")
+          + "; thread switch interval: as each version's serve")
     workdir = tempfile.mkdtemp(prefix="ragproxy-request-cpu-")
     upstream, workers = None, []
     try:

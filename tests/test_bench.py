@@ -381,7 +381,7 @@ def test_request_cpu_under_concurrency_counts_context_switches_and_sets_the_coll
         assert row["cpu_us"] > 0 and row["switches_per_request"] > 0 and row["requests"] == 48
     assert rows["pass"]["injected"] == 0 and rows["fresh"]["injected"] == 48
     assert "3 threads at once" in proc.stdout and "context switches per request" in proc.stdout
-    assert "threshold: 5000 in every worker" in proc.stdout
+    assert "threshold: 5000 in every worker; thread switch interval: as each version's serve" in proc.stdout
 
 
 def test_proxy_overhead_runs_the_large_body_the_retrieval_model_and_says_which_peers_are_absent(tmp_path):

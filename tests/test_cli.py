@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 
 import ragproxy
-from _ragproxy.cli import SERVE_GC_THRESHOLD, IndexProgress, build_parser
+from _ragproxy.cli import SERVE_GC_THRESHOLD, SERVE_SWITCH_INTERVAL, IndexProgress, build_parser
 from conftest import API_KEY, proxy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,11 +101,12 @@ def test_smoke_first_start_proxy_reload_stop(tmp_path, fake, pyz, form, pure):
             assert (data / sub).is_dir()
         health = _get(proc.url + "/health")
         assert health["features"]["pure"] is pure
-        # The serving process runs the cyclic collector less often, and its /metrics say so.
+        # The serving process runs the cyclic collector less often and switches threads sooner, as its /metrics say.
         metrics = urllib.request.Request(proc.url + "/metrics", headers={"Authorization": "Bearer " + key})
         with urllib.request.urlopen(metrics, timeout=5) as resp:
             text = resp.read().decode()
         assert 'ragproxy_python_gc_threshold{generation="0"} %d\n' % SERVE_GC_THRESHOLD in text
+        assert "ragproxy_python_switch_interval_seconds %r\n" % SERVE_SWITCH_INTERVAL in text
         assert 'ragproxy_python_gc_collections_total{generation="2"} ' in text
         # The panel is served from beside the script or from inside the .pyz,
         # and the key printed once in the log logs in to the admin API.

@@ -7,6 +7,7 @@ own parser.  The /metrics endpoint of a running proxy is test_reqlog's
 """
 import gc
 import math
+import sys
 import threading
 import time
 
@@ -120,6 +121,23 @@ def test_the_garbage_collectors_runs_and_thresholds_are_read_at_each_render():
     gc.collect()
     again, _ = gc_values(m.render())
     assert again["2"] >= runs["2"] + 1 and again["0"] >= runs["0"]
+
+
+def test_the_thread_switch_interval_is_read_at_each_render():
+    from prometheus_client import parser  # requirements-test.txt: never skipped
+
+    def interval(text):
+        families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+        return [s.value for s in families["ragproxy_python_switch_interval_seconds"].samples]
+
+    m = Metrics()
+    before = sys.getswitchinterval()
+    try:
+        assert interval(m.render()) == [before]
+        sys.setswitchinterval(before / 2)
+        assert interval(m.render()) == [sys.getswitchinterval()] != [before]
+    finally:
+        sys.setswitchinterval(before)
 
 
 def test_metric_labels_are_checked():
