@@ -292,23 +292,7 @@ class Analyzer:
 
     def tokens(self, text):
         """Index terms of ``text``, in order, with repeats."""
-        if not text:
-            return []
-        text = text.replace("::", "/")
-        if not text.isascii():
-            text = unicodedata.normalize("NFKC", text)
-            if self.cjk_bigrams and _CJK_RE.search(text):
-                return self._tokens_with_cjk(text)
-        cache = self._word_cache
-        if len(cache) > _CACHE_LIMIT:
-            self.clear_cache()
-        # Blanking ASCII punctuation and splitting is twice as fast as a regex
-        # scan; each distinct piece is then analyzed once (see _WordCache).
-        # Draining map(out.extend, ...) into a zero-length deque keeps the
-        # per-piece loop in C.
-        out = []
-        _drain(map(out.extend, map(cache.__getitem__, text.translate(_BLANK_PUNCT).split())))
-        return out
+        return self._text_terms(text, repeats=True)
 
     def tokens_many(self, texts):
         """``[self.tokens(t) for t in texts]``, faster for large batches.
@@ -326,7 +310,7 @@ class Analyzer:
         Repeating a word in a question should not multiply its weight; long
         pasted snippets would otherwise be dominated by their commonest words.
         """
-        return list(dict.fromkeys(self.tokens(text)))
+        return list(dict.fromkeys(self._text_terms(text, repeats=False)))
 
     def clear_cache(self):
         """Forget memoised analyses (results do not change, only speed)."""
@@ -334,6 +318,30 @@ class Analyzer:
         self._terms.clear()
 
     # -- internals ---------------------------------------------------------
+
+    def _text_terms(self, text, repeats):
+        """Terms of ``text`` in order; without ``repeats``, a repeated word's terms
+        come only from its first occurrence (and may still repeat across words)."""
+        if not text:
+            return []
+        text = text.replace("::", "/")
+        if not text.isascii():
+            text = unicodedata.normalize("NFKC", text)
+            if self.cjk_bigrams and _CJK_RE.search(text):
+                return self._tokens_with_cjk(text)
+        cache = self._word_cache
+        if len(cache) > _CACHE_LIMIT:
+            self.clear_cache()
+        # Blanking ASCII punctuation and splitting is twice as fast as a regex
+        # scan; each distinct piece is then analyzed once (see _WordCache).
+        pieces = text.translate(_BLANK_PUNCT).split()
+        if not repeats:   # a pasted question repeats its words: a dict drops them at C speed
+            pieces = dict.fromkeys(pieces)
+        # Draining map(out.extend, ...) into a zero-length deque keeps the
+        # per-piece loop in C.
+        out = []
+        _drain(map(out.extend, map(cache.__getitem__, pieces)))
+        return out
 
     def _tokens_with_cjk(self, text):
         out = []

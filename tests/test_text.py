@@ -3,6 +3,8 @@
 In-process; what the analyzer's tokens find in an index is checked with
 BM25Index, whose own tests are test_bm25's.
 """
+import random
+
 import pytest
 
 from ragproxy import Analyzer, BM25Index, stem_english
@@ -152,6 +154,22 @@ def test_cjk_runs_become_bigrams():
 def test_query_tokens_drop_repeats_in_order():
     an = Analyzer(stemmer=None)
     assert an.query_tokens("cache the cache, then cache.get") == ["cache", "get", "cache.get"]
+
+
+def test_query_tokens_are_the_tokens_without_repeats_on_any_text():
+    # query_tokens analyzes each distinct word once; the terms must be what
+    # deduplicating every word's terms gives, first-seen order included.
+    rng = random.Random(20)
+    words = ["cache", "Cache", "caching", "cache.get", "get", "os.path.join", "C++", "C#", ".NET",
+             "parseHTTPResponse", "snake_case", "utf8", "std::fs", "the", "東京都", "naïve", "«x»",
+             "a—b", "src/app.py", "17", "x+y", ",", "..", "end.", "\u00e9"]
+    for _ in range(3000):
+        text = "".join(rng.choice(words) + rng.choice([" ", "  ", "\n", ", ", "/", ""])
+                       for _ in range(rng.randrange(12)))
+        an = Analyzer()
+        expected = list(dict.fromkeys(Analyzer().tokens(text)))
+        assert an.query_tokens(text) == expected, text
+        assert an.query_tokens(text) == expected, text   # from the word cache this time
 
 
 def test_tokens_many_and_cache_do_not_change_results():
