@@ -122,7 +122,7 @@ def _panel_html():
 class Admin:
     """The admin API and the panel; attached to an App with ``app.admin = Admin(...)``."""
 
-    def __init__(self, app, secret_key, config_file, clock=None, rng=None):
+    def __init__(self, app, secret_key, config_file, clock=None, rng=None, throttle=None):
         if not secret_key:
             raise ValueError("the admin API needs a secret key")
         self.app = app
@@ -133,7 +133,7 @@ class Admin:
         # Client keys come from the system's CSPRNG unless a test injects one: app.rng is a Mersenne
         # Twister, and the session tokens' jti values would give its state away.
         self.key_rng = rng if rng is not None else secrets.SystemRandom()
-        self.throttle = LoginThrottle(self.clock)
+        self.throttle = throttle if throttle is not None else LoginThrottle(self.clock)
         self.uploads = Uploads(clock=self.clock)  # one per process: its locks order manifest updates
         self.stores = StoreAdmin()
 

@@ -7,7 +7,9 @@ scaled to each retriever's own distribution; reciprocal rank on request).
 Indexing is incremental (a manifest of size, mtime and content hash per
 source) and runs beside queries, which keep using the last committed
 generation until the next commit is complete.  The configured set, their
-embedding clients and the indexer thread are knowledgebases'.
+embedding clients and the indexer thread are knowledgebases'; where worker
+processes share one indexer, it gives a KB a ``status_source``, and stats()
+shows the indexing worker's live status rather than this process's idle one.
 
 What only some knowledge bases need is imported where it is used: the
 document extractors by indexing, the embeddings module by dense and hybrid
@@ -157,6 +159,10 @@ class KnowledgeBase:
                        "last_error": None, "last_report": None}
         self._logged_states = {}  # source -> the state last logged, so a poll logs only a change
         self._state_cache = None  # (stat key of _STATE_FILE, its contents)
+        # Where another process indexes this KB (knowledgebases' share_indexer), this process's own
+        # status stays idle: stats() shows what ``status_source(self)`` says instead, a dict shaped
+        # like ``status`` (plus "state_reason" and, on Chroma, "store") that it must give without raising.
+        self.status_source = None
 
     # -- sources ------------------------------------------------------------
 
@@ -601,7 +607,12 @@ class KnowledgeBase:
             hits.append(Hit(self.spec.name, row, chunk, score, scores, ranks))
         return hits
 
+    def live_status(self):
+        """The indexing state as whoever indexes this KB sees it: this process, or its status_source."""
+        return self.status if self.status_source is None else self.status_source(self)
+
     def stats(self):
+        status = self.live_status()
         generation, _ = self.current()
         size = 0
         if generation is not None:
@@ -616,13 +627,13 @@ class KnowledgeBase:
         # disk, so a restart or another process (the CLI) sees the same.
         return {"name": self.spec.name, "retrieval": self.spec.retrieval,
                 "files": len(generation.manifest) if generation is not None else 0,
-                "bytes": size, "generation": generation.name if generation is not None else None, **self.status,
+                "bytes": size, "generation": generation.name if generation is not None else None, **status,
                 # status["chunks"] counts this run's new chunks; "chunks" stays the committed total
-                "chunks": len(generation) if generation is not None else 0, "run_chunks": self.status["chunks"],
+                "chunks": len(generation) if generation is not None else 0, "run_chunks": status["chunks"],
                 "last_indexed": generation.created if generation is not None else None,
                 "sources": sources, "warnings": state.get("warnings") or self._warnings(sources),
                 "skipped": state.get("skipped", []), "deferred": state.get("deferred", []),
-                "store": self.store_status()}
+                "store": status.get("store") or self.store_status()}
 
     # -- the vector store ---------------------------------------------------
 

@@ -8,11 +8,14 @@ in the formatted line (C0, DEL, C1, and U+2028/U+2029, which some readers
 also treat as line breaks), so one record is one line; a traceback, appended
 after the message, keeps its lines.  The log file may hold request data, so
 it is created readable by its owner only (0600), as the files holding keys are.
+Several processes (serve's workers) write one file through
+SharedRotatingFileHandler, which rotates it only under a lock they all take.
 
 May import: nothing (the standard library only).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
@@ -67,3 +70,62 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
 
     def _open(self):
         return _open_private(self)
+
+
+class SharedRotatingFileHandler(PrivateRotatingFileHandler):
+    """A PrivateRotatingFileHandler for a file several processes write.
+
+    Each process rotating on its own would rotate again a file another one
+    has just rotated (its stream still points at the renamed file, which is
+    full), renaming the fresh file over the backup and losing it.  Here each
+    record is written under flock on ``FILE.lock``, after a look at whether
+    the path still names this process's open file: if another process has
+    rotated it, this one reopens before it judges the size.  The lock file is
+    opened per process, as a forked child would share its parent's open lock
+    file and so its lock.  Where there is no fcntl, records go unlocked.
+    """
+
+    def __init__(self, *args, **kwargs):
+        self._lock_fd, self._lock_pid = None, None
+        super().__init__(*args, **kwargs)
+
+    def emit(self, record):
+        try:
+            with self._file_lock():
+                if self.stream is not None and self._moved():
+                    self.stream.close()
+                    self.stream = None  # the next write opens the file the path names now
+                super().emit(record)
+        except Exception:
+            self.handleError(record)
+
+    def _moved(self):
+        try:
+            now = os.stat(self.baseFilename)
+        except FileNotFoundError:
+            return True
+        mine = os.fstat(self.stream.fileno())
+        return (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino)
+
+    @contextlib.contextmanager
+    def _file_lock(self):
+        try:
+            import fcntl
+        except ImportError:
+            yield
+            return
+        if self._lock_pid != os.getpid():
+            self._lock_fd = os.open(self.baseFilename + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            self._lock_pid = os.getpid()
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def close(self):
+        if self._lock_fd is not None and self._lock_pid == os.getpid():
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+        self._lock_fd = None
+        super().close()

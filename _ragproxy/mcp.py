@@ -21,8 +21,22 @@ message is taken as stateless when its ``_meta`` names a revision, when it
 is ``server/discover``, or when its MCP-Protocol-Version header is a
 stateless revision.  JSON-RPC batches are taken in the
 revisions that had them (2024-11-05, 2025-03-26) and refused in later ones.
-Sessions live here, in memory, bound to the API key that opened them, and
-expire when idle; there are at most MAX_SESSIONS.
+Sessions are kept in this process's memory, bound to the API key that
+opened them: at most MAX_SESSIONS, the least recently used dropped first, and
+one idle for SESSION_IDLE_SECONDS dropped too.  Without a session secret
+that is all there is: an id is good in the process that made it until it is
+ended (DELETE), expires or is crowded out, and then gets a 404.  With one
+(``session_secret``: the same bytes in every worker of ``serve --workers``,
+which share one listening socket, so any of them may get a session's next
+request), an id carries its negotiated revision and a random nonce, with an
+HMAC-SHA256 over them and the digest of the caller's key: a worker adopts an
+id it never issued when it verifies for the caller, and no other key can use
+it.  The table is then a cache: expiry and the cap free memory and end no
+session, since a later request re-adopts the id.  A DELETE is known only to
+the worker that saw it, which refuses the id from then on (it remembers the
+last MAX_ENDED_SESSIONS ids it ended); the other workers still accept it.
+Nobody gains by that: the id stays bound to its key, whose holder could as
+well initialize a new session.
 
 The app (proxy.App, or the one ``ragproxy.py mcp --stdio`` makes) is
 KnowledgeTools' (see mcptools); this module reads nothing of it itself.
@@ -34,6 +48,7 @@ from __future__ import annotations
 import base64
 import collections
 import hashlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -65,6 +80,9 @@ MAX_MESSAGE_BYTES = 1024 * 1024   # one POST body or stdio line; server.max_body
 MAX_BATCH = 64
 MAX_SESSIONS = 1024
 SESSION_IDLE_SECONDS = 24 * 3600.0
+MAX_ENDED_SESSIONS = 4096  # signed ids a worker refuses after their DELETE; older ones are accepted again
+_SIGNED_ID_LABEL = b"ragproxy mcp session id 1\0"  # no other HMAC under the secret can pass for an id
+_NONCE_BYTES = _MAC_BYTES = 16
 
 #: The requests this server answers (initialize opens the session the others need).
 _SESSION_METHODS = frozenset(("initialize", "ping", "tools/list", "tools/call"))
@@ -169,6 +187,9 @@ class McpServer:
 
     ``clock`` times session expiry, ``rng`` makes session ids (a
     cryptographic source by default; both injectable for tests).
+    ``session_secret`` (bytes, at least 16), when given, makes session ids
+    that every McpServer with the same secret accepts (see the module
+    docstring); without it an id is good only here.
     ``indexer`` is KnowledgeTools' (whether something in this process
     indexes the knowledge bases).  ``allowed_origins`` are browser origins
     let in besides loopback ones (``http://host:port``), as are the config's
@@ -176,7 +197,10 @@ class McpServer:
     """
 
     def __init__(self, app, clock=time.monotonic, rng=None, indexer=True, allowed_origins=(),
-                 max_sessions=MAX_SESSIONS, idle_seconds=SESSION_IDLE_SECONDS):
+                 max_sessions=MAX_SESSIONS, idle_seconds=SESSION_IDLE_SECONDS, session_secret=None):
+        if session_secret is not None and not (isinstance(session_secret, bytes) and len(session_secret) >= 16):
+            # A short or empty HMAC key would let anyone mint ids that every worker accepts.
+            raise ValueError("session_secret must be bytes, at least 16 of them")
         self.app = app
         self.clock = clock
         self.rng = rng if rng is not None else secrets.SystemRandom()
@@ -185,6 +209,8 @@ class McpServer:
         self.max_sessions = max_sessions
         self.idle_seconds = idle_seconds
         self._sessions = collections.OrderedDict()  # id -> Session, least recently used first
+        self._session_secret = session_secret
+        self._ended = collections.OrderedDict()  # signed ids DELETEd here, oldest first (values unused)
         self._lock = threading.Lock()
 
     # -- HTTP: the Streamable HTTP transport -------------------------------
@@ -231,6 +257,11 @@ class McpServer:
                 return refused
             with self._lock:
                 self._sessions.pop(session.id, None)
+                if self._session_secret is not None:
+                    # Without this the id would verify again on its next request and be adopted anew.
+                    self._ended[session.id] = None
+                    while len(self._ended) > MAX_ENDED_SESSIONS:
+                        self._ended.popitem(last=False)
             return Response(200, [], b"")
         message = ("this MCP server opens no server-to-client stream: send JSON-RPC messages with POST"
                    if request.method == "GET" else f"{request.method} is not served at the MCP endpoint")
@@ -308,6 +339,9 @@ class McpServer:
         reply = self.handle_message(payload, session)
         headers = []
         if "result" in reply:
+            if self._session_secret is not None:
+                # The random id made above becomes the nonce: the revision the id must carry is known only now.
+                session.id = self._signed_id(session.version, bytes.fromhex(session.id), session.owner)
             self._keep(session)
             headers.append(("Mcp-Session-Id", session.id))
         return _reply(200, reply, not wants_json, headers)
@@ -322,7 +356,9 @@ class McpServer:
         with self._lock:
             self._expire(now)
             session = self._sessions.get(session_id)
-            if session is not None and secrets.compare_digest(session.owner, _owner(key)):
+            if session is None:
+                session = self._adopt(session_id, key, now)
+            elif secrets.compare_digest(session.owner, _owner(key)):
                 self._sessions.move_to_end(session_id)
                 session.last_used = now
                 session.key = key  # the entry as configured now (a reload may have changed it)
@@ -344,12 +380,54 @@ class McpServer:
     def _new_session_id(self):
         return "%032x" % self.rng.getrandbits(128)
 
+    def _signed_id(self, version, nonce, owner):
+        mac = hmac.new(self._session_secret, _SIGNED_ID_LABEL + version.encode("ascii") + b"\0" + nonce
+                       + owner.encode("ascii"), hashlib.sha256).digest()[:_MAC_BYTES]
+        # base64url and the revision's digits and dashes: visible ASCII (0x21-0x7E), as the spec asks of an id.
+        return version + "." + base64.urlsafe_b64encode(nonce + mac).rstrip(b"=").decode("ascii")
+
+    def _verified_version(self, session_id, owner):
+        """The revision a signed id carries if it verifies for ``owner``, else None."""
+        version, dot, token = session_id.partition(".")
+        if not dot or version not in PROTOCOL_VERSIONS or len(token) > 64:
+            return None
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        except ValueError:  # binascii.Error is one, and so is a str that is not ASCII
+            return None
+        if len(raw) != _NONCE_BYTES + _MAC_BYTES:
+            return None
+        expected = self._signed_id(version, raw[:_NONCE_BYTES], owner)
+        # Compared whole, so that one id has one spelling: a different last character that
+        # decodes to the same bytes, or stray characters base64 would skip, are not it.
+        return version if hmac.compare_digest(expected, session_id) else None
+
+    def _adopt(self, session_id, key, now):
+        """The Session for a signed id another worker issued (or this one forgot), or None. Under the lock."""
+        if self._session_secret is None or session_id in self._ended:
+            return None
+        owner = _owner(key)
+        version = self._verified_version(session_id, owner)
+        if version is None:
+            return None
+        session = Session(session_id, key, now)
+        session.version = version
+        # notifications/initialized went to the worker that answered initialize; clientInfo stayed
+        # there too (session.client is only kept, never read, so an empty one changes no answer).
+        session.initialized = True
+        self._insert(session)
+        return session
+
     def _keep(self, session):
         with self._lock:
-            self._expire(session.last_used)
-            while len(self._sessions) >= self.max_sessions:
-                self._sessions.popitem(last=False)  # the least recently used: it re-initializes on its 404
-            self._sessions[session.id] = session
+            self._insert(session)
+
+    def _insert(self, session):
+        self._expire(session.last_used)
+        while len(self._sessions) >= self.max_sessions:
+            # The least recently used: it re-initializes on its 404 (a signed id is adopted again instead).
+            self._sessions.popitem(last=False)
+        self._sessions[session.id] = session
 
     def _expire(self, now):
         sessions = self._sessions

@@ -345,9 +345,10 @@ class KnowledgeTools:
             return "failed", None
         if generation is not None:
             return "ready", generation
-        if kb.status.get("last_error"):
+        status = kb.live_status()
+        if status.get("last_error"):
             return "failed", None
-        if self.indexer or kb.status.get("state") in ("indexing", "queued"):
+        if self.indexer or status.get("state") in ("indexing", "queued"):
             return "indexing", None
         return "not_indexed", None
 
@@ -378,7 +379,7 @@ class KnowledgeTools:
                     "sources": sources}
             if state != "ready":
                 item["note"] = self._unavailable(name, state)
-            elif kb.status.get("last_error"):
+            elif kb.live_status().get("last_error"):
                 item["note"] = ("its last indexing run failed (details are in ragproxy's log); searches use the "
                                 "last complete index")
             out.append(item)

@@ -5,6 +5,13 @@ by the same entry dicts as the request log and by the MCP server's tool
 calls, plus collectors that read gauges (chunks, bytes, indexing progress)
 when /metrics is scraped.
 
+Several worker processes serving one socket (``serve --workers N``) answer
+as one: each registry's ``export_state()`` is shared with the others
+(a metricsshare.MetricsShare, set as ``Metrics.share``), and ``render()`` and
+``compression_counts()`` add the other workers' states to the live registry:
+counters, histograms and stored gauges summed per label set.  Collector
+samples are the exception: they come from the answering process only.
+
 May import: guard, redact, reqlog.
 """
 from __future__ import annotations
@@ -71,6 +78,7 @@ class _MetricFamily:
         self._lock = threading.Lock()
         self._series = {}
         self.overflow = 0   # observations refused because the family hit _METRICS_MAX_SERIES
+        self.changes = 0    # grows with every stored change: a MetricsShare writes only when it moved
 
     def _key(self, labels):
         if len(labels) == len(self.labelnames):
@@ -83,6 +91,23 @@ class _MetricFamily:
     def _header(self):
         help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
         return [f"# HELP {self.name} {help_text}", f"# TYPE {self.name} {self.kind}"]
+
+    def _shape(self):
+        return {"kind": self.kind, "labels": list(self.labelnames)}
+
+    def _parse(self, data):
+        """Another process's ``_export()`` of this family as ``{key: value}``; ValueError if it does not fit."""
+        shape = self._shape()
+        if not isinstance(data, dict) or {k: data.get(k) for k in shape} != shape:
+            raise ValueError(f"{self.name} is registered differently there")
+        out = {}
+        for item in data.get("series"):
+            key = item[0]
+            if not isinstance(key, list) or len(key) != len(self.labelnames) or \
+                    not all(isinstance(v, str) for v in key):
+                raise ValueError(f"{self.name}: a label set that is not one")
+            out[tuple(key)] = self._parse_value(item[1:])
+        return out
 
 
 class _PromCounter(_MetricFamily):
@@ -99,14 +124,42 @@ class _PromCounter(_MetricFamily):
                 self.overflow += 1
                 return
             self._series[key] = self._series.get(key, 0.0) + amount
+            self.changes += 1
 
     def value(self, **labels):
         with self._lock:
             return self._series.get(self._key(labels), 0.0)
 
-    def _samples(self, overrides):
+    def _export(self):
+        with self._lock:
+            series = sorted(self._series.items())
+        return dict(self._shape(), series=[[list(key), value] for key, value in series])
+
+    def _parse_value(self, rest):
+        value, = rest
+        if type(value) not in (int, float) or (self.kind == "counter" and not value >= 0):
+            raise ValueError(f"{self.name}: {value!r} is not a {self.kind}'s value")
+        return float(value)
+
+    def _absorb(self, series):
+        with self._lock:
+            for key, value in series.items():
+                if key not in self._series and len(self._series) >= _METRICS_MAX_SERIES:
+                    self.overflow += 1
+                    continue
+                self._series[key] = self._series.get(key, 0.0) + value
+            self.changes += 1
+
+    def _merged(self, peers):
         with self._lock:
             series = dict(self._series)
+        for other in peers:
+            for key, value in other.items():
+                series[key] = series.get(key, 0.0) + value
+        return series
+
+    def _samples(self, overrides, peers=()):
+        series = self._merged(peers)
         series.update(overrides)
         if not series and not self.labelnames:
             series[()] = 0.0
@@ -123,11 +176,13 @@ class _PromGauge(_PromCounter):
         key = self._key(labels)
         with self._lock:
             self._series[key] = self._series.get(key, 0.0) + amount
+            self.changes += 1
 
     def set(self, value, /, **labels):
         key = self._key(labels)
         with self._lock:
             self._series[key] = float(value)
+            self.changes += 1
 
 
 class _PromHistogram(_MetricFamily):
@@ -159,6 +214,7 @@ class _PromHistogram(_MetricFamily):
             state[0][slot] += 1
             state[1] += value
             state[2] += 1
+            self.changes += 1
 
     def snapshot(self, **labels):
         """``(cumulative bucket counts incl. +Inf, sum, count)`` for one label set."""
@@ -170,9 +226,43 @@ class _PromHistogram(_MetricFamily):
                 counts, total, n = [0] * (len(self.buckets) + 1), 0.0, 0
         return list(itertools.accumulate(counts)), total, n
 
-    def _samples(self, overrides):
+    def _shape(self):
+        return dict(super()._shape(), buckets=list(self.buckets))
+
+    def _export(self):
+        with self._lock:
+            series = sorted((key, (list(v[0]), v[1], v[2])) for key, v in self._series.items())
+        return dict(self._shape(), series=[[list(key), counts, total, n] for key, (counts, total, n) in series])
+
+    def _parse_value(self, rest):
+        counts, total, n = rest
+        if not isinstance(counts, list) or len(counts) != len(self.buckets) + 1 or \
+                not all(type(c) is int and c >= 0 for c in counts) or type(n) is not int or n != sum(counts) or \
+                type(total) not in (int, float):
+            raise ValueError(f"{self.name}: a series that is not this histogram's")
+        return counts, float(total), n
+
+    def _absorb(self, series):
+        with self._lock:
+            for key, (counts, total, n) in series.items():
+                state = self._series.get(key)
+                if state is None:
+                    if len(self._series) >= _METRICS_MAX_SERIES:
+                        self.overflow += 1
+                        continue
+                    state = self._series[key] = [[0] * (len(self.buckets) + 1), 0.0, 0]
+                state[0] = [a + b for a, b in zip(state[0], counts)]
+                state[1] += total
+                state[2] += n
+            self.changes += 1
+
+    def _samples(self, overrides, peers=()):
         with self._lock:
             series = {k: (list(v[0]), v[1], v[2]) for k, v in self._series.items()}
+        for other in peers:
+            for key, (counts, total, n) in other.items():
+                mine = series.get(key, ([0] * len(counts), 0.0, 0))
+                series[key] = ([a + b for a, b in zip(mine[0], counts)], mine[1] + total, mine[2] + n)
         if not series and not self.labelnames:
             series[()] = ([0] * (len(self.buckets) + 1), 0.0, 0)
         bounds = [_prom_number(b) for b in self.buckets] + ["+Inf"]
@@ -252,6 +342,7 @@ MCP_OUTCOMES = ("ok", "error", "denied")
 #: anything else, which neither module reports, counts as "other").
 GUARD_ACTIONS = ("drop", "deny", "flag")
 GUARD_WHERE = ("retrieved", "input")
+_STATE_FORMAT = 1   # export_state()'s layout: a worker reads only its own release's files
 _FAMILY_CLASSES = {"counter": _PromCounter, "gauge": _PromGauge, "histogram": _PromHistogram}
 
 
@@ -292,6 +383,12 @@ class Metrics:
     ``metrics["name"]``.  Collectors added with ``add_collector(fn)`` run at each
     render; ``fn()`` returns ``[(name, labels_dict, value)]`` for counter or gauge
     families, and those values replace stored ones for that render.
+
+    ``share`` (None, or this worker's metricsshare.MetricsShare) adds the other
+    workers' stored values to what ``render()`` and ``compression_counts()``
+    answer; collector samples still come from this process alone.  Setting it
+    attaches the share, which first adds its slot's file, the values of the
+    worker this one replaces, to the registry.
     """
 
     CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -300,10 +397,21 @@ class Metrics:
         self._families = {}
         self._collectors = []
         self._lock = threading.Lock()
+        self._share = None
         if predefined:
             for kind, name, help_text, labels, *rest in _METRIC_FAMILIES:
                 self._register(_FAMILY_CLASSES[kind](name, help_text, labels, *rest))
             self._collectors.append(interpreter_samples)
+
+    @property
+    def share(self):
+        return self._share
+
+    @share.setter
+    def share(self, share):
+        if share is not None:
+            share.attach(self)
+        self._share = share
 
     def _register(self, family):
         with self._lock:
@@ -390,13 +498,12 @@ class Metrics:
 
     def compression_counts(self):
         """What the compression families hold: ``{"levers": [{lever, outcome, reason, count}], "tokens_saved":
-        {lever: tokens}}`` (the panel's Compression card)."""
+        {lever: tokens}}`` (the panel's Compression card), with the other workers' counts."""
         runs, saved = self._families["ragproxy_compression_lever_total"], \
             self._families["ragproxy_compression_tokens_saved_total"]
-        with runs._lock:
-            series = sorted(runs._series.items())
-        with saved._lock:
-            tokens = dict(saved._series)
+        peers = self._peers()
+        series = sorted(runs._merged([p[runs.name] for p in peers if runs.name in p]).items())
+        tokens = saved._merged([p[saved.name] for p in peers if saved.name in p])
         return {"levers": [{"lever": lever, "outcome": outcome, "reason": reason, "count": int(n)}
                            for (lever, outcome, reason), n in series],
                 "tokens_saved": {lever: int(n) for (lever,), n in sorted(tokens.items())}}
@@ -438,12 +545,61 @@ class Metrics:
         return overrides
 
     def render(self):
-        """The whole registry in Prometheus text format 0.0.4."""
+        """The whole registry in Prometheus text format 0.0.4, with the other workers' stored values."""
         overrides = self._collect()
+        peers = self._peers()
         with self._lock:
             families = sorted(self._families.values(), key=lambda f: f.name)
         lines = []
         for family in families:
             lines += family._header()
-            lines += family._samples(overrides.get(family.name, {}))
+            # Stored gauges are summed like counters.  Every gauge ragproxy defines is a collector's,
+            # which replaces the sum below with the answering process's reading (chunks, bytes, store
+            # state: the same disk seen by every worker, so a sum would count it N times); a gauge set
+            # with set()/inc() holds what one process holds (say, requests in flight), so the whole
+            # server's value is the sum.
+            lines += family._samples(overrides.get(family.name, {}),
+                                     [p[family.name] for p in peers if family.name in p])
         return "\n".join(lines) + "\n"
+
+    def changes(self):
+        """A number that grows whenever a stored value changes (collector samples are not stored)."""
+        with self._lock:
+            families = list(self._families.values())
+        return sum(f.changes for f in families)
+
+    def export_state(self):
+        """A JSON-able snapshot of every family's stored values (not collector samples), per label set:
+        what a MetricsShare writes, and ``parse_state`` reads back."""
+        with self._lock:
+            families = sorted(self._families.values(), key=lambda f: f.name)
+        return {"format": _STATE_FORMAT, "families": {f.name: f._export() for f in families}}
+
+    def parse_state(self, state):
+        """``export_state()`` of another process checked against this registry, as ``{name: {key: value}}``
+        (a histogram's value: ``(bucket counts, sum, count)``); ValueError if it does not fit.  Families
+        this registry lacks are left out: there is nothing to render them under."""
+        try:
+            if state.get("format") != _STATE_FORMAT:
+                raise ValueError(f"not a metrics state of format {_STATE_FORMAT}")
+            return {name: self._families[name]._parse(data) for name, data in state["families"].items()
+                    if name in self._families}
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"not a metrics state: {exc!r}") from None
+
+    def add_state(self, parsed):
+        """Add ``parse_state()``'s counters and histograms to this registry's.  Gauges are left out:
+        a gauge set in a process describes that process, which is gone."""
+        for name, series in parsed.items():
+            family = self._families[name]
+            if family.kind != "gauge":
+                family._absorb(series)
+
+    def _peers(self):
+        if self._share is None:
+            return []
+        try:
+            return self._share.peers()
+        except Exception as exc:   # the other workers' counts must not take /metrics down
+            log.warning("metrics: the other workers' counts are left out: %s", exc)
+            return []

@@ -16,7 +16,7 @@ import pytest
 import ragproxy
 from _ragproxy import reqlog as ragproxy_reqlog
 from _ragproxy.adminroutes import ADMIN_ROUTES
-from _ragproxy.admintokens import b64url
+from _ragproxy.admintokens import SharedLoginThrottle, b64url
 from conftest import ADMIN_KEY, API_KEY, AdminClient, logged_rows, multipart_body, proxy_config
 
 GUIDE = """# Runbook
@@ -180,6 +180,33 @@ def test_a_reload_changes_max_login_failures_at_once(tmp_path, fake):
         assert _call(app, "POST", "/admin/api/login", {"key": ADMIN_KEY})[0] == 429   # the new limit holds
     finally:
         app.close()
+
+
+def test_two_workers_on_one_throttle_file_count_each_others_failed_logins(tmp_path, fake):
+    shared = str(tmp_path / "run" / "login-throttle.sqlite3")
+    workers = []
+    for name in ("one", "two"):   # serve --workers 2: a whole App and Admin each, one file between them
+        (tmp_path / name).mkdir()
+        app, admin, clock = _in_process_admin(tmp_path / name, fake.url)
+        app.admin = ragproxy.Admin(app, ADMIN_KEY, admin.config_file, throttle=SharedLoginThrottle(shared, clock))
+        workers.append((app, clock))
+    (one, _), (two, _) = workers
+    try:
+        for i in range(5):   # five free failures in all, which neither worker reaches on its own
+            assert _call(one if i % 2 else two, "POST", "/admin/api/login", {"key": "nope"})[0] == 401
+        for app in (one, two):
+            status, body = _call(app, "POST", "/admin/api/login", {"key": ADMIN_KEY})
+            assert status == 429 and body["error"]["code"] == "rate_limited"
+        for _, clock in workers:
+            clock.now += 1.5
+        assert _call(two, "POST", "/admin/api/login", {"key": ADMIN_KEY})[0] == 200
+        # The success on one worker cleared the address for both: one failure is free again.
+        assert _call(one, "POST", "/admin/api/login", {"key": "nope"})[0] == 401
+        assert _call(one, "POST", "/admin/api/login", {"key": ADMIN_KEY})[0] == 200
+    finally:
+        for app, _ in workers:
+            app.admin.throttle.close()
+            app.close()
 
 
 # -- providers and models -----------------------------------------------------

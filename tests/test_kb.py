@@ -249,6 +249,22 @@ def test_status_counts_files_and_chunks_as_indexing_goes(tmp_path, docs):
     assert kb.status["chunks"] == kb.stats()["run_chunks"] == 0 and kb.stats()["chunks"] == report.chunks
 
 
+def test_stats_show_the_status_source_where_another_process_indexes(tmp_path, docs):
+    kb = make_kb(tmp_path)
+    kb.index()
+    own = kb.stats()
+    store = {"type": "chroma_http", "role": "indexer"}
+    kb.status_source = lambda k: {**k.status, "state": "indexing", "done": 1, "total": 9, "chunks": 4,
+                                  "last_error": "slow disk", "store": store}
+    seen = kb.stats()
+    assert (seen["state"], seen["done"], seen["total"], seen["run_chunks"], seen["last_error"]) == \
+        ("indexing", 1, 9, 4, "slow disk")
+    assert seen["store"] == store and seen["chunks"] == own["chunks"] and seen["generation"] == own["generation"]
+    assert kb.status["state"] == "idle"   # this process's own status is left as it was
+    kb.status_source = None
+    assert kb.stats() == own
+
+
 def test_extra_sources_and_globs(tmp_path, docs):
     other = tmp_path / "elsewhere"
     write(str(other / "notes.txt"), "gamma rays are measured in grays")

@@ -4,14 +4,21 @@ KnowledgeBases in-process against folders under tmp_path: each KB's spec made
 from its knowledge_bases entry (and the vectorstore block), KBs only a model
 names served from their documents folder, the folders made at start, one
 dense-scan slot shared by every KB of the process (dense_scan_slots), numpy
-imported by a serving process before any search.  One KB's indexing and
+imported by a serving process before any search.  Two KnowledgeBases on one
+data and run directory stand for two serve workers sharing one indexer
+(share_indexer): a request left by the one that does not index is indexed by
+the owner, whose live status it shows, or "unknown" when that is stale or
+absent; it starts no thread and never calls Chroma.  One KB's indexing and
 search are test_kb's, whose folder fixture and embedder these tests borrow.
 """
 import importlib.util
+import json
 import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import test_kb
@@ -19,7 +26,7 @@ from test_kb import UNDECLARED, _SlowEmbedder, write
 
 import ragproxy
 from _ragproxy import deps
-from _ragproxy.knowledgebases import _kb_spec, dense_scan_slots
+from _ragproxy.knowledgebases import HEARTBEAT, REQUESTS_DIR, STALE_AFTER, STATUS_FILE, _kb_spec, dense_scan_slots
 from _ragproxy.vectorstore import StoreSpec
 from fake_upstream import FakeUpstream
 
@@ -165,3 +172,159 @@ def test_a_serving_kbs_imports_numpy_before_any_search_and_a_command_never(tmp_p
         assert out.returncode == 0, out.stderr
     numpy_usable = importlib.util.find_spec("numpy") is not None and not deps.pure_mode()
     assert out.stdout.split() == ["False", str(numpy_usable)]
+
+
+# -- workers sharing one indexer (share_indexer) ---------------------------------------------
+
+QUIET = UNDECLARED + "rag: {index_interval: 3600}\n"   # nothing but a request or start-up makes the owner index
+
+
+def workers(tmp_path, text=QUIET, clock=time.time):
+    """The owner and another worker on one data directory and one run directory, as serve --workers makes them."""
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    owner = ragproxy.KnowledgeBases(ragproxy.Config.from_text(text, environ={}), str(tmp_path), clock=clock)
+    other = ragproxy.KnowledgeBases(ragproxy.Config.from_text(text, environ={}), str(tmp_path), clock=clock)
+    owner.share_indexer(str(run), owner=True)
+    other.share_indexer(str(run), owner=False)
+    return owner, other
+
+
+def pending(tmp_path):
+    return sorted(n for n in os.listdir(str(tmp_path / "run" / REQUESTS_DIR)) if not n.startswith("."))
+
+
+def wait_for(condition, what, limit=30.0):
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_an_index_request_left_by_another_worker_is_indexed_by_the_owner(tmp_path, docs):
+    owner, other = workers(tmp_path)
+    threads = set(threading.enumerate())
+    other.start()
+    assert set(threading.enumerate()) <= threads and not other.indexer_running()   # no indexer, no relay
+    owner.start()
+    try:
+        assert owner.indexer_running()
+        wait_for(lambda: other.get("kb").stats()["files"] == 3 and other.get("kb").stats()["state"] == "idle",
+                 "the owner's start-up run, seen by the other worker")
+        write(str(docs / "c.md"), "# Gamma\n\nGamma rays are measured at dawn.\n")
+        other.request_index("kb")
+        wait_for(lambda: "kb/c.md" in other.get("kb").current()[0].manifest, "the requested run's commit")
+        assert other.get("kb").search("when are gamma rays measured", 1)[0].chunk["source"] == "kb/c.md"
+        assert pending(tmp_path) == []   # taken, not left to be taken again
+    finally:
+        owner.stop(wait=30)
+        other.stop(wait=30)
+    assert not owner.indexer_running() and not other.indexer_running()
+
+
+def test_the_other_worker_shows_the_owners_status_while_it_indexes(tmp_path, docs):
+    text = QUIET.replace("providers:\n", 'providers:\n  embedding: {e: {type: openai, base_url: '
+                                           '"http://127.0.0.1:1/v1", model: m}}\n')
+    text += "knowledge_bases:\n  kb: {retrieval: dense, embedding: e}\n"
+    owner, other = workers(tmp_path, text)
+    embedder = owner.get("kb").embedder = _SlowEmbedder()
+    embedder.gate.clear()   # the owner's run holds at its first batch of vectors
+    other.start()
+    assert other.get("kb").stats()["state"] == "unknown"   # nothing published yet
+    owner.start()
+    try:
+        # Held at its first batch, the run has been through every file: its progress must show it.
+        wait_for(lambda: (other.get("kb").stats()["done"], other.get("kb").stats()["total"]) == (3, 3),
+                 "the owner's run, as published")
+        seen = other.get("kb").stats()
+        assert (seen["state"], seen["done"], seen["generation"]) == ("indexing", 3, None)
+        assert "state_reason" not in seen and embedder.calls == 1
+        embedder.gate.set()
+        wait_for(lambda: other.get("kb").stats()["state"] == "idle", "the end of the run, as published")
+        seen = other.get("kb").stats()
+        assert seen["last_report"].startswith("kb: 3 added") and seen["files"] == 3 and seen["chunks"] > 0
+    finally:
+        embedder.gate.set()
+        owner.stop(wait=30)
+
+
+def test_the_other_worker_says_unknown_when_the_owners_status_is_stale_or_absent(tmp_path):
+    now = [1000.0]
+    owner, other = workers(tmp_path, clock=lambda: now[0])
+    seen = other.get("kb").stats()
+    assert seen["state"] == "unknown" and "no status" in seen["state_reason"]
+    owner.get("kb").status.update(state="indexing", done=2, total=5, chunks=7, last_error="disk full")
+    assert owner.relay()
+    seen = other.get("kb").stats()
+    assert (seen["state"], seen["done"], seen["total"], seen["run_chunks"], seen["last_error"]) == \
+        ("indexing", 2, 5, 7, "disk full")
+    now[0] += 1
+    assert not owner.relay()   # unchanged: not written again before the heartbeat is due
+    now[0] += HEARTBEAT
+    assert owner.relay()   # the heartbeat
+    now[0] += STALE_AFTER - 1
+    assert other.get("kb").stats()["state"] == "indexing"
+    now[0] += 2   # the owner stopped publishing: dead or hung
+    seen = other.get("kb").stats()
+    assert seen["state"] == "unknown" and "16 s ago" in seen["state_reason"] and seen["last_error"] is None
+    assert owner.relay()
+    with pytest.raises(RuntimeError):
+        other.relay()   # its idle status would hide the owner's
+    owner.get("kb").status.update(state="idle", last_error=None)
+    owner.relay()
+    other.request_index("kb")   # left, not yet taken: queued, as a lone process shows it
+    assert other.get("kb").stats()["state"] == "queued"
+    (tmp_path / "run" / STATUS_FILE).write_text("{not json")
+    seen = other.get("kb").stats()
+    assert seen["state"] == "unknown" and "unreadable" in seen["state_reason"]
+    (tmp_path / "run" / STATUS_FILE).write_text(json.dumps({"format": 1, "at": now[0], "kbs": {}}))
+    seen = other.get("kb").stats()   # an owner whose config does not have it yet
+    assert seen["state"] == "unknown" and "does not serve" in seen["state_reason"]
+
+
+def test_a_kb_name_with_odd_characters_round_trips_through_a_request_file(tmp_path, caplog):
+    odd = "../we ird/:*?\"<>|\\\x00\u00e9\u540d\n" + "x" * 300   # no file system would take it as a name
+    owner, other = workers(tmp_path)
+    other.request_index(odd, full=True)
+    other.request_index(odd, full=True)   # left again before it was taken: the same request
+    other.request_index(odd)
+    other.request_index()
+    assert len(pending(tmp_path)) == 3
+    (tmp_path / "run" / REQUESTS_DIR / "junk").write_bytes(b"\xff")
+    taken = []
+    owner.request_index = lambda name=None, full=False: taken.append((name, full))
+    assert owner.take_requests() == 3
+    assert sorted(taken, key=repr) == sorted([(odd, True), (odd, False), (None, False)], key=repr)
+    assert pending(tmp_path) == [] and os.listdir(str(tmp_path / "run" / REQUESTS_DIR)) == []
+    assert any("unreadable index request" in r.getMessage() for r in caplog.records)
+
+
+def test_a_worker_that_does_not_index_never_calls_chroma_and_the_owner_does(tmp_path):
+    """The other worker takes no lease and syncs no mirror: the owner does both, into the shared data
+    directory, and the other reads the mirror as it reads a local store.  A listener stands for Chroma."""
+    with socket.socket() as chroma:
+        chroma.bind(("127.0.0.1", 0))
+        chroma.listen(8)
+        text = QUIET + (f"vectorstore:\n  type: chroma_http\n  chroma_http: {{base_url: "
+                        f"\"http://127.0.0.1:{chroma.getsockname()[1]}\", indexer: auto, timeout: 1}}\n"
+                        "knowledge_bases:\n  big: {}\n")
+        owner, other = workers(tmp_path, text)
+        threads = set(threading.enumerate())
+        other.start()
+        other.request_index("big", full=True)
+        seen = other.get("big").stats()
+        assert seen["state"] == "unknown" and seen["store"]["role"] is None
+        other.stop(wait=30)
+        assert set(threading.enumerate()) <= threads and not other.indexer_running()
+        chroma.settimeout(0)
+        with pytest.raises(BlockingIOError):
+            chroma.accept()   # no connection was ever made
+        chroma.settimeout(30)
+        owner.start()
+        try:
+            conn, _ = chroma.accept()   # the owner asks for the lease
+            conn.close()
+        finally:
+            chroma.close()
+            owner.stop(wait=30)
+        assert not owner.indexer_running()

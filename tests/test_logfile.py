@@ -10,11 +10,13 @@ import logging
 import os
 import random
 import stat
+import subprocess
 import sys
 
 import pytest
 
-from _ragproxy.logfile import EscapingFormatter, PrivateFileHandler, PrivateRotatingFileHandler, escape_controls
+from _ragproxy.logfile import (EscapingFormatter, PrivateFileHandler, PrivateRotatingFileHandler,
+                              SharedRotatingFileHandler, escape_controls)
 
 # Everything str.splitlines() breaks on, and the rest of C0, DEL and C1.
 BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -97,3 +99,72 @@ def test_a_stream_handler_with_the_formatter_writes_escaped_lines():
     handler.setFormatter(EscapingFormatter("%(message)s"))
     handler.emit(_record("model %r and %s", "a\nb", "c\x1b[2Jd"))
     assert out.getvalue() == "model 'a\\nb' and c\\x1b[2Jd\n"
+
+
+WRITER = """
+import logging, sys
+sys.path.insert(0, {root!r})
+from _ragproxy.logfile import {handler}
+handler = {handler}({path!r}, maxBytes=4000, backupCount=500, encoding="utf-8")
+log = logging.getLogger("w")
+log.addHandler(handler)
+log.setLevel(logging.INFO)
+for n in range(400):
+    log.info("writer %s record %04d %s", sys.argv[1], n, "x" * 40)
+"""
+
+
+def _write_from_two_processes(tmp_path, handler):
+    path = str(tmp_path / "rag-proxy.log")
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER.format(root=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    handler=handler, path=path))
+    procs = [subprocess.Popen([sys.executable, str(script), name]) for name in "AB"]
+    assert [p.wait(60) for p in procs] == [0, 0]
+    lines = []
+    for name in os.listdir(str(tmp_path)):
+        if name.startswith("rag-proxy.log") and not name.endswith(".lock"):
+            with open(str(tmp_path / name), encoding="utf-8") as f:
+                lines += f.read().splitlines()
+    return lines, [os.path.getsize(str(tmp_path / n)) for n in os.listdir(str(tmp_path))
+                   if n.startswith("rag-proxy.log") and not n.endswith(".lock")]
+
+
+def test_two_processes_rotating_one_shared_log_lose_no_record(tmp_path):
+    lines, sizes = _write_from_two_processes(tmp_path, "SharedRotatingFileHandler")
+    assert sorted(lines) == sorted(f"writer {w} record {n:04d} {'x' * 40}" for w in "AB" for n in range(400))
+    assert max(sizes) <= 4000 and len(sizes) > 10   # rotated many times, each file within its size
+
+
+def _alternate(tmp_path, handler_class):
+    """Two handlers on one file, as two processes have, writing in turn: (the records' numbers, oldest file
+    first, and the rotated files' sizes)."""
+    path = str(tmp_path / "rag-proxy.log")
+    handlers = [handler_class(path, maxBytes=1000, backupCount=100, encoding="utf-8") for _ in range(2)]
+    try:
+        for n in range(200):
+            handler = handlers[n % 2]
+            handler.handle(logging.makeLogRecord({"msg": "record %04d %s", "args": (n, "y" * 30)}))
+    finally:
+        for handler in handlers:
+            handler.close()
+    names = sorted((n for n in os.listdir(str(tmp_path)) if n.startswith("rag-proxy.log") and not n.endswith(".lock")),
+                   key=lambda n: -int(n.rsplit(".", 1)[1]) if n[-1].isdigit() else 0)
+    numbers = []
+    for name in names:
+        with open(str(tmp_path / name), encoding="utf-8") as f:
+            numbers += [int(line.split()[1]) for line in f]
+    return numbers, [os.path.getsize(str(tmp_path / n)) for n in names[:-1]]
+
+
+def test_handlers_taking_turns_on_one_file_rotate_it_in_order_only_when_shared(tmp_path):
+    record = len(f"record 0000 {'y' * 30}\n")
+    (tmp_path / "shared").mkdir()
+    numbers, backups = _alternate(tmp_path / "shared", SharedRotatingFileHandler)
+    assert numbers == list(range(200))
+    assert backups and min(backups) > 1000 - 2 * record   # each rotated when the next record would not fit
+    # Why the shared handler exists: a handler rotating on its own goes on writing to the file the other
+    # has just rotated away, so records land in backups behind newer ones (and backupCount drops them early).
+    (tmp_path / "own").mkdir()
+    numbers, _ = _alternate(tmp_path / "own", PrivateRotatingFileHandler)
+    assert sorted(numbers) == list(range(200)) and numbers != list(range(200))

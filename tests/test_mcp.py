@@ -8,11 +8,15 @@
 - Raw JSON-RPC over sockets: malformed messages, batches per revision,
   notifications, sessions, protocol version headers, Origin, keys, sizes, an
   SSE stream the client abandons.
+- Session ids signed with a shared secret, as the workers of ``serve --workers``
+  hold it: two McpServers over one app take each other's sessions, and
+  nothing else (another key, an altered id, another secret).
 - What a key may read (App.readable_kbs), knowledge bases that are indexing
   or failing, the metrics and the request log rows of tool calls.
 - A seeded fuzz of the JSON-RPC handler.
 """
 import asyncio
+import base64
 import contextlib
 import http.client
 import json
@@ -803,6 +807,151 @@ def test_sessions_expire_when_idle_and_are_capped(fake, tmp_path):
     assert server.handle(_ping(ids[3]), key).status == 404  # idle for longer than 60 s
     assert server.session_count() == 1
     app.close()
+
+
+# -- sessions across workers: ids signed with a shared session secret ----------------------------
+
+SECRET = b"a shared session secret, 32 byte"
+B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def _rpc(message, session=None, headers=None, method="POST"):
+    """One request to /mcp for McpServer.handle, as server.py would pass it on."""
+    hdrs = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    if session is not None:
+        hdrs["mcp-session-id"] = session
+    hdrs.update(headers or {})
+    return Request(method, "/mcp", headers=hdrs, body=json.dumps(message).encode() if message is not None else b"")
+
+
+def _open(server, key, version=PROTOCOL_VERSIONS[0]):
+    """initialize on ``server`` (no notifications/initialized): the session id it gave."""
+    response = server.handle(_rpc({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}), key)
+    assert response.status == 200 and json.loads(response.body)["result"]["protocolVersion"] == version
+    return dict(response.headers)["Mcp-Session-Id"]
+
+
+def _status(server, session, key, headers=None):
+    return server.handle(_rpc({"jsonrpc": "2.0", "id": 9, "method": "ping"}, session, headers), key).status
+
+
+def test_a_signed_session_id_is_taken_by_every_worker_with_the_secret(served):
+    app = served.app
+    alice = app.config.api_keys[0]
+    first, second = McpServer(app, session_secret=SECRET), McpServer(app, session_secret=SECRET)
+    session = _open(first, alice, "2025-03-26")
+    assert session != _open(first, alice, "2025-03-26")
+    assert len(session) <= 64 and all(0x21 <= ord(c) <= 0x7E for c in session)  # the spec's visible ASCII
+    assert second.session_count() == 0
+    response = second.handle(_rpc({"jsonrpc": "2.0", "method": "notifications/initialized"}, session), alice)
+    assert response.status == 202
+    assert second.session_count() == 1  # adopted, and kept like its own
+    # The revision comes with the id: 2025-03-26 has batches and no structured results.
+    response = second.handle(_rpc([{"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                                   {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                                    "params": {"name": "search", "arguments": {"query": "frobnicator spin rate"}}}],
+                                  session), alice)
+    assert response.status == 200, response.body
+    listed, found = json.loads(response.body)
+    assert [t["name"] for t in listed["result"]["tools"]] == list(MCP_TOOLS)
+    assert "outputSchema" not in listed["result"]["tools"][0]
+    assert found["result"]["isError"] is False and "structuredContent" not in found["result"]
+    assert FACT in found["result"]["content"][0]["text"]
+    assert _status(second, session, alice, {"mcp-protocol-version": "2025-03-26"}) == 200
+    assert _status(second, session, alice, {"mcp-protocol-version": "2025-11-25"}) == 400
+    # A newer revision's session, tools/call straight away on the other worker.
+    newer = _open(second, alice)
+    response = first.handle(_rpc({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "search", "arguments": {"query": "frobnicator spin rate"}}}, newer), alice)
+    result = json.loads(response.body)["result"]
+    assert response.status == 200 and FACT in result["structuredContent"]["results"][0]["text"]
+
+
+def _spoilt(session):
+    """Ids one edit away from ``session``: every character changed, cut short, lengthened, revision swapped."""
+    version, _, token = session.partition(".")
+    for i, c in enumerate(session):
+        # The next base64url letter: at the last place that changes only bits the decoder drops.
+        other = B64URL[(B64URL.index(c) + 1) % 64] if c in B64URL else "x"
+        yield session[:i] + other + session[i + 1:]
+    yield session[:-1]
+    yield session[:len(session) // 2]
+    yield session + "A"
+    yield session + "="
+    yield session[:-1] + "\u00e9"
+    yield token
+    yield version
+    for swapped in PROTOCOL_VERSIONS:
+        if swapped != version:
+            yield swapped + "." + token
+
+
+def test_a_signed_session_id_is_nothing_to_another_key_when_altered_or_under_another_secret(served):
+    app = served.app
+    alice, bob = app.config.api_keys[0], app.config.api_keys[1]
+    first, second = McpServer(app, session_secret=SECRET), McpServer(app, session_secret=SECRET)
+    session = _open(first, alice, "2025-06-18")
+    assert _status(second, session, bob) == 404
+    assert _status(first, session, bob) == 404
+    spoilt = list(_spoilt(session))
+    assert len(spoilt) > len(session) + 5
+    for wrong in spoilt:
+        assert _status(second, wrong, alice) == 404, wrong
+    stranger = McpServer(app, session_secret=b"another secret, also 32 bytes!!!")
+    assert _status(stranger, session, alice) == 404
+    assert second.session_count() == stranger.session_count() == 0
+    assert _status(second, session, alice) == 200  # and the unaltered id still works
+
+
+def test_without_a_secret_a_session_is_known_only_where_it_began(served):
+    app = served.app
+    alice = app.config.api_keys[0]
+    first, second = McpServer(app), McpServer(app)
+    session = _open(first, alice)
+    assert _status(second, session, alice) == 404
+    assert _status(first, session, alice) == 200
+    assert _status(second, _open(McpServer(app, session_secret=SECRET), alice), alice) == 404
+
+
+def test_a_delete_ends_a_signed_session_only_on_the_worker_that_saw_it(served, monkeypatch):
+    app = served.app
+    alice = app.config.api_keys[0]
+    first, second = McpServer(app, session_secret=SECRET), McpServer(app, session_secret=SECRET)
+    session = _open(first, alice)
+    assert second.handle(_rpc(None, session, method="DELETE"), alice).status == 200
+    assert _status(second, session, alice) == 404
+    assert second.handle(_rpc(None, session, method="DELETE"), alice).status == 404
+    assert _status(first, session, alice) == 200  # known to the module docstring: still bound to alice's key
+    # The ended ids remembered are bounded: the oldest is forgotten, and then verifies again.
+    monkeypatch.setattr(mcp_module, "MAX_ENDED_SESSIONS", 2)
+    for _ in range(2):
+        assert second.handle(_rpc(None, _open(second, alice), method="DELETE"), alice).status == 200
+    assert _status(second, session, alice) == 200
+
+
+def test_a_signed_session_outlives_the_tables_cap_and_idle_expiry(fake, tmp_path):
+    app = ragproxy.App(ragproxy.Config.from_text(kb_text(fake.url)), data_dir=str(tmp_path))
+    clock = FakeClock()
+    server = McpServer(app, clock=clock, rng=random.Random(7), max_sessions=2, idle_seconds=60,
+                       session_secret=SECRET)
+    key = app.config.api_keys[0]
+    ids = [dict(server.handle(_initialize_request(key), key).headers)["Mcp-Session-Id"] for _ in range(3)]
+    nonce = random.Random(7).getrandbits(128).to_bytes(16, "big")  # the rng given makes the nonce
+    version, _, token = ids[0].partition(".")
+    assert version == "2025-11-25" and base64.urlsafe_b64decode(token + "=")[:16] == nonce
+    assert server.session_count() == 2
+    assert server.handle(_ping(ids[0]), key).status == 200  # crowded out, then adopted again
+    clock.now += 61
+    assert server.handle(_ping(ids[1]), key).status == 200
+    assert server.session_count() == 1  # the expired ones left the table; their ids still verify
+    app.close()
+
+
+@pytest.mark.parametrize("secret", ["a str secret of more than 16", b"", b"15 bytes only!!", bytearray(32)])
+def test_a_session_secret_is_at_least_16_bytes(served, secret):
+    with pytest.raises(ValueError):
+        McpServer(served.app, session_secret=secret)
 
 
 # -- the official SDK ----------------------------------------------------------------------------
