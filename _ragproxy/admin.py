@@ -10,7 +10,7 @@ unchanged keeps the stored one (see masking).  A client key made here (created
 or rotated) is random and is shown in full once, in that answer, never again.
 
 May import: adminroutes, admintokens, api, config, deps, docfolder, embeddings, files, http1, jsonbody, masking, metrics,
-reqlog, schema, storeadmin, uploads, upstream, yamlish.
+reqlog, schema, storeadmin, uploads, upstream, workers, yamlish.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from .schema import model_field_choices
 from .storeadmin import StoreAdmin
 from .uploads import UploadError, UploadLimits, Uploads
 from .upstream import UpstreamError
+from .workers import read_status as read_workers_status
 from .yamlish import YAMLError, load_yaml
 
 log = logging.getLogger("ragproxy")
@@ -209,7 +210,17 @@ class Admin:
             "vectorstore": config.vectorstore_status(),
             "config_path": self.config_file.path, "request_log": self.app.request_log is not None,
             # What the logs page filters by: retrieval's outcomes, then an MCP tool call's.
-            "outcomes": list(dict.fromkeys(RETRIEVAL_OUTCOMES + MCP_OUTCOMES))})
+            "outcomes": list(dict.fromkeys(RETRIEVAL_OUTCOMES + MCP_OUTCOMES)),
+            "workers": self._workers()})
+
+    def _workers(self):
+        """The serving processes: this one's slot, and what the supervisor says of each (serve --workers)."""
+        worker = self.app.worker
+        if worker is None:
+            return {"count": 1, "this": {"slot": 0, "pid": os.getpid()}, "workers": []}
+        status = read_workers_status(worker["status_path"]) or {"error": "the supervisor has written no status"}
+        return {"count": status.get("count", self.app.config.server["workers"]), "error": status.get("error"),
+                "this": {"slot": worker["slot"], "pid": os.getpid()}, "workers": status.get("workers", [])}
 
     def openapi(self, request):
         return json_response(200, openapi_document())

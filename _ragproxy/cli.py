@@ -81,29 +81,33 @@ def _load_secret_key(data_dir, environ, rng=None):
     return key, True
 
 
-def _setup_logging(level, logs_dir=None, rotate=False):
+def _setup_logging(level, logs_dir=None, rotate=False, shared=False, tag=None):
     """Log to stderr and, with ``logs_dir``, to its rag-proxy.log: rotated (10 MiB x 5) by the
     server, which writes for days; a one-shot command appends its few lines.
 
     Each record is one line (control characters in logged values are escaped:
     see logfile), and the log file, which may hold request data, is made 0600.
+    ``shared``: several processes write the file (serve's workers), so they take
+    turns and agree on its rotation; ``tag`` ("worker 1") begins each message.
     """
     import logging
 
-    from .logfile import EscapingFormatter, PrivateFileHandler, PrivateRotatingFileHandler
+    from .logfile import EscapingFormatter, PrivateFileHandler, PrivateRotatingFileHandler, SharedRotatingFileHandler
 
     root = logging.getLogger("ragproxy")
     root.setLevel(level)
     for handler in list(root.handlers):
         root.removeHandler(handler)
         handler.close()
-    fmt = EscapingFormatter("%(asctime)s %(levelname)s %(message)s")
+    fmt = EscapingFormatter("%(asctime)s %(levelname)s " + (f"[{tag}] " if tag else "") + "%(message)s")
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(fmt)
     root.addHandler(console)
     if logs_dir:
         path = os.path.join(logs_dir, "rag-proxy.log")
-        if rotate:
+        if shared:
+            to_file = SharedRotatingFileHandler(path, maxBytes=10 * 1024 * 1024, backupCount=5, encoding="utf-8")
+        elif rotate:
             to_file = PrivateRotatingFileHandler(path, maxBytes=10 * 1024 * 1024, backupCount=5, encoding="utf-8")
         else:
             to_file = PrivateFileHandler(path, encoding="utf-8")
@@ -158,6 +162,8 @@ def build_parser():
     listen = argparse.ArgumentParser(add_help=False)
     listen.add_argument("--host", default=argparse.SUPPRESS, help="listen address (RAGPROXY_HOST, 127.0.0.1)")
     listen.add_argument("--port", type=int, default=argparse.SUPPRESS, help="listen port (RAGPROXY_PORT, 8100)")
+    listen.add_argument("--workers", type=_positive_int, default=argparse.SUPPRESS, metavar="N",
+                        help="serving processes on the one port (RAGPROXY_WORKERS, server.workers, default 1)")
     parser = argparse.ArgumentParser(
         prog="ragproxy", parents=[common, listen], description="Local knowledge-base proxy for LLM tools.",
         epilog="exit status: 0 done; 1 a command failed; 2 bad arguments, config or data directory; "
@@ -233,8 +239,14 @@ def _load_settings(opt, environ):
     if level is not None and level not in LOG_LEVELS:
         raise _CLIError(f"RAGPROXY_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, "
                         f"got {environ['RAGPROXY_LOG_LEVEL']!r}")
+    workers = opt.get("workers")
+    if workers is None and environ.get("RAGPROXY_WORKERS"):
+        try:
+            workers = _positive_int(environ["RAGPROXY_WORKERS"])
+        except argparse.ArgumentTypeError as exc:
+            raise _CLIError(f"RAGPROXY_WORKERS {exc}") from None
     overrides = {"server.host": opt.get("host") or environ.get("RAGPROXY_HOST"), "server.port": port,
-                 "server.log_level": level}
+                 "server.log_level": level, "server.workers": workers}
     if not os.path.isdir(data_dir) and (command in _READ_ONLY or (command in _INDEXING and not explicit_config)):
         hint = "a config file with --config to create it" if command in _INDEXING else \
             "'ragproxy.py serve' or 'ragproxy.py index --config FILE' to create one"
@@ -590,15 +602,10 @@ def _stop_indexer(knowledge_bases):
 
 
 def _serve(data_dir, config_path, overrides, config, environ):
-    import gc
-    import signal
-    import threading
-
-    from .admin import Admin, remove_deleted_kbs
+    """Serve in this process, or (server.workers > 1) as a supervisor of that many worker processes."""
+    from .admin import remove_deleted_kbs
     from .config import ConfigError, describe_models
-    from .configfile import ConfigFile, ConfigWatcher
-    from .proxy import App
-    from .server import make_server
+    from .server import listening_socket
     from .uploads import cleanup_staging
     from .yamlish import YAMLError
 
@@ -610,49 +617,140 @@ def _serve(data_dir, config_path, overrides, config, environ):
         _log().info("removed %s, left by an upload that did not finish", name)
     for path in remove_deleted_kbs(data_dir):
         _log().info("removed %s, left by a knowledge base deletion that did not finish", path)
-    gc.set_threshold(SERVE_GC_THRESHOLD, *gc.get_threshold()[1:])
-    sys.setswitchinterval(SERVE_SWITCH_INTERVAL)
-    app = App(config, data_dir=data_dir)
-    config_file = ConfigFile(config_path, environ=environ, overrides=overrides)
-    app.admin = Admin(app, secret_key, config_file)
+    host, port, workers = config.server["host"], config.server["port"], config.server["workers"]
+    if workers > 1 and not hasattr(os, "fork"):
+        raise _CLIError(f"server.workers is {workers}, but this system cannot fork worker processes: "
+                        "set it to 1")
     try:
-        server = make_server(app, config.server["host"], config.server["port"])
+        sock = listening_socket(host, port)
     except OSError as exc:
-        raise _CLIError(f"cannot listen on {config.server['host']}:{config.server['port']}: {exc}") from None
+        raise _CLIError(f"cannot listen on {host}:{port}: {exc}") from None
     if secret_created:
         secret_path = os.path.join(data_dir, "config", "secret_key.yaml")
         _log().info("created the admin panel key in %s (shown on the terminal only)", secret_path)
         _show_secret("admin panel key (shown once; also in %s): %s", secret_path, secret_key)
-    watcher = ConfigWatcher(app, config_file)
-    threading.Thread(target=watcher.run, name="config-watcher", daemon=True).start()
-    app.knowledge_bases.start()
-    stopping = threading.Event()
-
-    def stop(*_):
-        if not stopping.is_set():
-            stopping.set()
-            threading.Thread(target=server.shutdown, daemon=True).start()
-
-    # Before "listening on": whoever reads that line (a supervisor, a test) may
-    # signal at once, and a SIGTERM must still shut down cleanly, not kill.
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        if hasattr(signal, "SIGHUP"):
-            signal.signal(signal.SIGHUP, watcher.request_reload)
-    host, port = server.server_address[:2]
+    host, port = sock.getsockname()[:2]
     shown_host = f"[{host}]" if ":" in host else host
-    _log().info("ragproxy %s listening on http://%s:%d (%s); web panel at http://%s:%d/", __version__, shown_host,
-             port, describe_models(config), shown_host, port)
+    serving = _ServeContext(data_dir, config_path, overrides, config, environ, secret_key, sock)
+    if workers == 1:
+        # Before "listening on": whoever reads that line (a supervisor, a test) may signal at once,
+        # and a SIGTERM must still shut down cleanly, not kill; run() sets the handlers first.
+        return serving.run(announce=lambda: _log().info(
+            "ragproxy %s listening on http://%s:%d (%s); web panel at http://%s:%d/", __version__, shown_host,
+            port, describe_models(config), shown_host, port))
+    return _supervise(serving, workers, lambda: _log().info(
+        "ragproxy %s listening on http://%s:%d with %d worker processes (%s); web panel at http://%s:%d/",
+        __version__, shown_host, port, workers, describe_models(config), shown_host, port))
+
+
+def _supervise(serving, workers, announce):
+    from .metricsshare import MetricsShare
+    from .workers import STATUS_FILE, Supervisor
+
+    run_dir = serving.run_dir()
+    # A slot's worker starts from its predecessor's counts; an earlier run's are not its predecessors.
+    MetricsShare.clear(os.path.join(run_dir, "metrics"))
+    logs_dir = os.path.join(serving.data_dir, "logs")
+    # Several processes write one log file: rotation must be agreed on (see logfile).
+    _setup_logging(serving.config.server["log_level"], logs_dir if os.path.isdir(logs_dir) else None, True,
+                   shared=True)
+    supervisor = Supervisor(serving.run_worker, workers, os.path.join(run_dir, STATUS_FILE))
+    announce()
     try:
-        server.serve_forever(poll_interval=0.5)
+        return supervisor.run()
     finally:
-        watcher.stop()
-        server.server_close()
-        _stop_indexer(app.knowledge_bases)
-        app.close()
+        serving.sock.close()
         _log().info("ragproxy stopped")
-    return 0
+
+
+class _ServeContext:
+    """What serve's process, or each of its workers, builds a whole ragproxy from."""
+
+    def __init__(self, data_dir, config_path, overrides, config, environ, secret_key, sock):
+        self.data_dir, self.config_path, self.overrides = data_dir, config_path, overrides
+        self.config, self.environ, self.secret_key, self.sock = config, environ, secret_key, sock
+
+    def run_dir(self):
+        """DATA_DIR/run: what the workers share (their status, metrics, throttle, the indexer's queue)."""
+        path = os.path.join(self.data_dir, "run")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
+    def run_worker(self, slot):
+        """One worker process's whole life, in the child the supervisor forked; its exit status."""
+        logs_dir = os.path.join(self.data_dir, "logs")
+        _setup_logging(self.config.server["log_level"], logs_dir if os.path.isdir(logs_dir) else None, True,
+                       shared=True, tag=f"worker {slot}")
+        return self.run(slot=slot)
+
+    def run(self, slot=None, announce=None):
+        """Serve until SIGTERM or SIGINT; 0.  ``slot``: this worker's, under a supervisor (None: alone)."""
+        import gc
+        import signal
+        import threading
+
+        from .admin import Admin
+        from .configfile import ConfigFile, ConfigWatcher
+        from .proxy import App
+        from .server import make_server
+
+        gc.set_threshold(SERVE_GC_THRESHOLD, *gc.get_threshold()[1:])
+        sys.setswitchinterval(SERVE_SWITCH_INTERVAL)
+        app = App(self.config, data_dir=self.data_dir)
+        config_file = ConfigFile(self.config_path, environ=self.environ, overrides=self.overrides)
+        stopping = threading.Event()
+        shared = self._share(app, slot, stopping) if slot is not None else {}
+        app.admin = Admin(app, self.secret_key, config_file, **shared)
+        server = make_server(app, sock=self.sock)
+        watcher = ConfigWatcher(app, config_file)
+        threading.Thread(target=watcher.run, name="config-watcher", daemon=True).start()
+        app.knowledge_bases.start()
+
+        def stop(*_):
+            if not stopping.is_set():
+                stopping.set()
+                threading.Thread(target=server.shutdown, daemon=True).start()
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, stop)
+            # A worker's Ctrl-C is the supervisor's to act on (it sends SIGTERM): a worker ending on
+            # the terminal's SIGINT before its supervisor had seen it would be taken for a crash.
+            signal.signal(signal.SIGINT, stop if slot is None else signal.SIG_IGN)
+            if hasattr(signal, "SIGHUP"):
+                signal.signal(signal.SIGHUP, watcher.request_reload)
+        if announce is not None:
+            announce()
+        try:
+            server.serve_forever(poll_interval=0.5)
+        finally:
+            stopping.set()
+            watcher.stop()
+            server.server_close()
+            _stop_indexer(app.knowledge_bases)
+            if app.metrics.share is not None:
+                app.metrics.share.flush()
+            app.close()
+            _log().info("ragproxy stopped" if slot is None else "worker stopped")
+        return 0
+
+    def _share(self, app, slot, stopping):
+        """Wire a worker's App to its siblings': what they share; Admin's keyword arguments."""
+        import hashlib
+        import hmac
+        import threading
+
+        from .admintokens import SharedLoginThrottle
+        from .metricsshare import MetricsShare
+        from .workers import STATUS_FILE
+
+        run_dir = self.run_dir()
+        app.knowledge_bases.share_indexer(run_dir, owner=slot == 0)
+        app.mcp_session_secret = hmac.new(self.secret_key.encode("utf-8"), b"ragproxy mcp session ids",
+                                          hashlib.sha256).digest()
+        app.metrics.share = MetricsShare(os.path.join(run_dir, "metrics"), slot)
+        threading.Thread(target=app.metrics.share.run, args=(stopping,), name="metrics-share", daemon=True).start()
+        app.worker = {"slot": slot, "status_path": os.path.join(run_dir, STATUS_FILE)}
+        return {"throttle": SharedLoginThrottle(os.path.join(run_dir, "login-throttle.sqlite3"), app.clock)}
 
 
 if __name__ == "__main__":

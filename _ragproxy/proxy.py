@@ -139,6 +139,12 @@ class App:
         self.request_log = None
         self.admin = None  # an Admin serves the panel and /admin/api/ once attached
         self._mcp = None   # the MCP endpoint's server, made on its first request
+        # Set by a serve worker: the key its MCP session ids are signed with, so that a session
+        # opened on one worker process is taken by the others (mcp.McpServer's session_secret).
+        self.mcp_session_secret = None
+        # Set by a serve worker: its slot and where the supervisor writes every worker's state
+        # (workers.Supervisor), for the admin API.  None: serving alone.
+        self.worker = None
         self._mcp_lock = threading.Lock()
         self._routes = (None, {})  # (config, model name -> route): resolved once per config
         # What large bodies, and those retrieval reads, repeat of earlier ones: shared, read-only values.
@@ -342,7 +348,7 @@ class App:
             with self._mcp_lock:
                 if self._mcp is None:
                     from .mcp import McpServer
-                    self._mcp = McpServer(self)
+                    self._mcp = McpServer(self, session_secret=self.mcp_session_secret)
         return self._mcp
 
     def _mcp_call(self, request, trace):

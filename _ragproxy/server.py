@@ -525,7 +525,7 @@ class _Server(http.server.ThreadingHTTPServer):
     # reserve must not keep it from the next check for long.
     reserve_head_timeout = 2.0
 
-    def __init__(self, address, app, clock=time.monotonic):
+    def __init__(self, address, app, clock=time.monotonic, sock=None):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.app = app
@@ -537,7 +537,13 @@ class _Server(http.server.ThreadingHTTPServer):
         self._overflow = set()    # sockets taken into the health reserve, until their thread starts
         self._refused = 0         # since the last warning about it
         self._warned = None
-        super().__init__(address, _Handler)
+        if sock is None:
+            super().__init__(address, _Handler)
+        else:
+            super().__init__(address, _Handler, bind_and_activate=False)
+            self.socket.close()
+            self.socket = sock
+            self.server_address = sock.getsockname()
 
     def busy_message(self):
         return (f"ragproxy is serving its maximum of {self.app.config.server['max_connections']} connections "
@@ -623,6 +629,31 @@ class _Server(http.server.ThreadingHTTPServer):
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
-def make_server(app, host=DEFAULT_HOST, port=0, clock=time.monotonic):
-    """A bound (not yet serving) threaded HTTP server for ``app``; ``clock`` times request heads."""
-    return _Server((host, port), app, clock)
+def make_server(app, host=DEFAULT_HOST, port=0, clock=time.monotonic, sock=None):
+    """A bound (not yet serving) threaded HTTP server for ``app``; ``clock`` times request heads.
+
+    With ``sock`` (from listening_socket), it serves that socket instead of binding one: the way
+    several worker processes serve one port.
+    """
+    return _Server(sock.getsockname()[:2] if sock is not None else (host, port), app, clock, sock)
+
+
+def listening_socket(host=DEFAULT_HOST, port=0):
+    """A bound, listening socket for several processes' make_server(sock=...) to share.
+
+    Non-blocking: every process's accept loop wakes for a new connection and
+    all but one find it taken; a blocking accept would then wait for the next
+    connection, and a stop (server.shutdown) with it.  Accepted sockets are
+    blocking all the same (socket.accept makes them so).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(_Server.request_queue_size)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

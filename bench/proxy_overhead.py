@@ -311,13 +311,26 @@ def cprofile_proxy_role(script, out_path, argv):
 
 
 def _cpu_seconds(pid):
-    """User+system CPU time of a whole process (all threads), or None off Linux."""
+    """User+system CPU time of a whole process (all threads) and its live children (serve --workers's
+    workers), or None off Linux."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+    return own + sum(_cpu_seconds(child) or 0.0 for child in _children(pid))
+
+
+def _children(pid):
+    kids = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                kids += [int(k) for k in f.read().split()]
+    except (OSError, ValueError):
+        pass
+    return kids
 
 
 class Child:
@@ -394,8 +407,9 @@ models:
 {kb_section or ""}"""
 
 
-def start_proxy(python, script, upstream_port, workdir, pure, cprofile_out=None, label=None, kb=None):
-    """A ragproxy serving on a port it picks; ``kb`` = ``(data_dir, kb_section)`` of prepare_kb: the retrieval model."""
+def start_proxy(python, script, upstream_port, workdir, pure, cprofile_out=None, label=None, kb=None, workers=1):
+    """A ragproxy serving on a port it picks; ``kb`` = ``(data_dir, kb_section)`` of prepare_kb: the retrieval model;
+    ``workers``: its serve --workers."""
     data_dir = kb[0] if kb else os.path.join(workdir, label or ("pure" if pure else "default"))
     os.makedirs(data_dir, exist_ok=True)
     config = os.path.join(data_dir, "config.yaml")
@@ -405,7 +419,7 @@ def start_proxy(python, script, upstream_port, workdir, pure, cprofile_out=None,
     env.pop("RAGPROXY_PURE", None)
     if pure:
         env["RAGPROXY_PURE"] = "1"
-    args = ["serve", "--config", config, "--data-dir", data_dir]
+    args = ["serve", "--config", config, "--data-dir", data_dir] + (["--workers", str(workers)] if workers > 1 else [])
     if cprofile_out:
         argv = [python, os.path.abspath(__file__), "--role", "proxy-cprofile", "--profile-out", cprofile_out,
                 "--ragproxy", script, "--"] + args
@@ -1098,7 +1112,7 @@ _YARDSTICKS = {"relay": "a bare TCP relay: what the extra hop costs by itself",
 
 
 def _pass_through(path):
-    return path in _YARDSTICKS or path in ("ragproxy", "ragproxy-pure") or re.fullmatch(r"compare-\d+", path)
+    return path in _YARDSTICKS or path in ("ragproxy", "ragproxy-pure") or re.fullmatch(r"(compare|w)-?\d+", path)
 
 
 _PEERS = ("litellm", "portkey")
@@ -1298,6 +1312,9 @@ def _parse_args(argv):
                    help="another ragproxy.py to run beside the first, in the same interleaved slices "
                         "(labelled compare-1, compare-2, ...): an A/B of a change that machine drift "
                         "between separate runs cannot blur; repeatable")
+    p.add_argument("--compare-workers", action="append", default=[], type=int, metavar="N",
+                   help="also run the ragproxy sides with serve --workers N (labelled wN, wN-rag-80k, ...) in the "
+                        "same interleaved slices; repeatable")
     p.add_argument("--py-spy", metavar="FILE", help="sample the proxy with py-spy while the load runs "
                    "(raw collapsed stacks; .svg flamegraph; .json speedscope)")
     p.add_argument("--cprofile", metavar="FILE", help="run the proxy with cProfile on its connection threads "
@@ -1398,9 +1415,9 @@ def main(argv=None):
         targets = [Side("direct")] + ([Side("relay", relay)] if relay is not None else []) + (
             [Side("python-floor", floor)] if floor is not None else [])
 
-        def proxy(script, label, pure=False, kb=None):
+        def proxy(script, label, pure=False, kb=None, workers=1):
             child = start_proxy(opts.python, script, upstream.port, workdir, pure,
-                                opts.cprofile if label == profiled else None, label=label, kb=kb)
+                                opts.cprofile if label == profiled else None, label=label, kb=kb, workers=workers)
             proxies.append(child)
             return child
 
@@ -1408,13 +1425,17 @@ def main(argv=None):
             for pure in modes:
                 label = "ragproxy-pure" if pure else "ragproxy"
                 targets.append(Side(label, proxy(opts.ragproxy, label, pure), ragproxy=True))
-        scripts = [("", opts.ragproxy)] + [(f"compare-{i}-", path) for i, path in enumerate(opts.compare, 1)]
+        scripts = [("", opts.ragproxy, 1)] + [(f"compare-{i}-", path, 1) for i, path in enumerate(opts.compare, 1)] \
+            + [(f"w{n}-", opts.ragproxy, n) for n in opts.compare_workers]
         for i, path in enumerate(opts.compare, 1):
             if "ragproxy" in opts.side_set:
                 targets.append(Side(f"compare-{i}", proxy(path, f"compare-{i}", modes[0]), ragproxy=True))
+        for n in opts.compare_workers:
+            if "ragproxy" in opts.side_set:
+                targets.append(Side(f"w{n}", proxy(opts.ragproxy, f"w{n}", modes[0], workers=n), ragproxy=True))
         kbs = [name for name in KB_SPECS if f"rag-{name}" in opts.side_set]
         cached_kb = (kbs or ["80k"])[-1] if {"cached", "fresh"} & set(opts.side_set) else None
-        for prefix, script in scripts:
+        for prefix, script, workers in scripts:
             for name in kbs + ([cached_kb] if cached_kb and cached_kb not in kbs else []):
                 labels = ([f"{prefix}rag-{name}"] if name in kbs else []) + (
                     [f"{prefix}{side}-{name}" for side in ("cached", "fresh") if side in opts.side_set]
@@ -1425,7 +1446,7 @@ def main(argv=None):
                     absent.update((label, str(exc)) for label in labels)
                     continue
                 kb_facts[name] = facts
-                child = proxy(script, labels[0], modes[0], (data_dir, section))
+                child = proxy(script, labels[0], modes[0], (data_dir, section), workers)
                 targets += [Side(label, child, tool_round=label.startswith(f"{prefix}cached-"), ragproxy=True,
                                  fresh=label.startswith(f"{prefix}fresh-")) for label in labels]
         for name in ("litellm", "portkey"):

@@ -6,18 +6,24 @@ stdlib fallbacks.  RAGPROXY_CHECK_SHARED=1 is set for every App the tests
 make, in this process or a child: a request that edits a parsed value the
 proxy shares between bodies (jsonbody.ParseMemo) fails where it happens.
 """
+import contextlib
 import http.client
+import json
 import math
 import os
 import random
+import re
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 import uuid
 
 import pytest
@@ -38,6 +44,82 @@ from _ragproxy.chroma import ChromaClient, ChromaError  # noqa: E402
 from fake_upstream import FakeUpstream  # noqa: E402
 
 API_KEY = "rp-test-key-0001"
+SCRIPT = os.path.join(ROOT, "ragproxy.py")
+
+
+def wait_for(condition, what, procs=(), timeout=60.0):
+    """condition()'s first truthy value, polled until ``timeout`` s; else fail with the processes' logs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {p.name} (exit {p.p.poll()}):\n{p.log()[-4000:]}" for p in procs)
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs}")
+        time.sleep(0.05)
+
+
+class ServeProcess:
+    """One ``python ragproxy.py --data-dir D --port 0 ARGS`` process, as a user starts it, with
+    D/config/config.yaml; its log goes to D/stderr.log (a pipe could fill up)."""
+
+    def __init__(self, name, data_dir, config, args=(), secret_key="serve-process-panel-key-01"):
+        self.name = name
+        (data_dir / "config").mkdir(parents=True)
+        (data_dir / "config" / "config.yaml").write_text(config)
+        self.data_dir = data_dir
+        self.secret_key = secret_key
+        self.log_path = data_dir / "stderr.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAGPROXY_")}
+        if os.environ.get("RAGPROXY_PURE"):
+            env["RAGPROXY_PURE"] = os.environ["RAGPROXY_PURE"]
+        env["RAGPROXY_SECRET_KEY"] = secret_key
+        with open(str(self.log_path), "wb") as log:
+            # A session of its own: a kill takes serve --workers's workers with it.
+            self.p = subprocess.Popen([sys.executable, SCRIPT, "--data-dir", str(data_dir), "--port", "0", *args],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env,
+                                      start_new_session=True)
+        self.url = None
+        self.url = wait_for(self._listening, f"{name} to listen", [self], timeout=30)
+
+    def _listening(self):
+        if self.p.poll() is not None:
+            raise AssertionError(f"{self.name} exited with {self.p.returncode}:\n{self.log()}")
+        m = re.search(r"listening on (http://\S+)", self.log())
+        return m.group(1) if m else None
+
+    def log(self):
+        with open(str(self.log_path), encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def request(self, path, body=None, token=None, method=None, headers=None):
+        """(status, headers, JSON body or text) of one request on a new connection."""
+        sent = {"Authorization": "Bearer " + (token or API_KEY), "Content-Type": "application/json",
+                **(headers or {})}
+        req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
+                                     headers=sent, method=method or ("GET" if body is None else "POST"))
+        try:
+            with urllib.request.urlopen(req, timeout=15) as resp:
+                data = resp.read()
+                kind = resp.headers.get("Content-Type", "")
+                return resp.status, resp.headers, json.loads(data) if "json" in kind else data.decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read().decode("utf-8", "replace")
+
+    def kill(self):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.p.pid, signal.SIGKILL)
+        self.p.wait(10)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                return self.p.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.p.returncode
 
 
 class ManualClock:

@@ -275,18 +275,18 @@ def test_dense_threads_measures_both_sides_at_every_thread_count():
 
 # -- proxy_overhead.py --------------------------------------------------------------
 
-def test_proxy_overhead_runs_every_side_with_a_compare_copy():
+def test_proxy_overhead_runs_every_side_with_a_compare_copy_and_workers():
     proc = run_script("proxy_overhead.py", "--scenarios", "chat,stream", "--clients", "1", "--requests", "20",
                       "--rounds", "2", "--warmup", "0", "--json", "--floor", "--compare", ragproxy.__file__,
-                      "--sides", "relay,ragproxy")
+                      "--compare-workers", "2", "--sides", "relay,ragproxy")
     assert proc.returncode == 0, proc.stderr
     (report,) = last_json(proc.stdout)
     rows = {(r["scenario"], r["path"]): r for r in report["results"]}
     for scenario in ("chat", "stream"):
-        for path in ("direct", "relay", "python-floor", "ragproxy", "compare-1"):
+        for path in ("direct", "relay", "python-floor", "ragproxy", "compare-1", "w2"):
             row = rows[(scenario, path)]
             assert row["errors"] == 0 and row["requests"] >= 20
-        assert "added_p50_ms" in rows[(scenario, "compare-1")]
+        assert "added_p50_ms" in rows[(scenario, "compare-1")] and "added_p50_ms" in rows[(scenario, "w2")]
     assert rows[("stream", "ragproxy")]["first_p50_ms"] is not None
     assert "compare-1: " + ragproxy.__file__ in proc.stdout
 

@@ -247,6 +247,22 @@ def test_env_port_and_cli_precedence(tmp_path):
     assert p.returncode == 2 and "RAGPROXY_PORT" in p.stderr
 
 
+def test_workers_below_one_are_refused_from_the_flag_the_environment_and_the_config(tmp_path):
+    env = dict(_env(False), RAGPROXY_DATA_DIR=str(tmp_path / "d"))
+    p = subprocess.run([sys.executable, SCRIPT, "--port", "0", "--workers", "0"], stderr=subprocess.PIPE,
+                       universal_newlines=True, env=env, timeout=20)
+    assert p.returncode == 2 and "--workers" in p.stderr and "at least 1" in p.stderr
+    p = subprocess.run([sys.executable, SCRIPT, "--port", "0"], stderr=subprocess.PIPE, universal_newlines=True,
+                       env=dict(env, RAGPROXY_WORKERS="two"), timeout=20)
+    assert p.returncode == 2 and "RAGPROXY_WORKERS" in p.stderr and "'two'" in p.stderr
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"server: {{workers: 0}}\napi_keys: [{API_KEY}]\n")
+    p = subprocess.run([sys.executable, SCRIPT, "--config", str(cfg), "--port", "0"], stderr=subprocess.PIPE,
+                       universal_newlines=True, env=env, timeout=20)
+    assert p.returncode == 2 and "server.workers" in p.stderr
+    assert not (tmp_path / "d" / "run").exists()   # refused before anything was started
+
+
 def test_startup_line_says_which_certificates_go_unchecked(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"api_keys: [{API_KEY}]\nproviders:\n  llm:\n"

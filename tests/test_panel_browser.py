@@ -7,9 +7,11 @@ in front of the fake upstream.  One browser per module, a fresh context per
 test.  Screenshots of every module land in tests/artifacts/panel-*.png.
 """
 import io
+import json
 import os
 import pathlib
 import re
+import signal
 import time
 import zipfile
 
@@ -28,7 +30,7 @@ else:
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 import ragproxy  # noqa: E402
-from conftest import API_KEY, TLS_DIR, multipart_body, proxy_config  # noqa: E402
+from conftest import API_KEY, TLS_DIR, ServeProcess, multipart_body, proxy_config, wait_for  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -1054,3 +1056,36 @@ def test_a_kb_in_chroma_shows_its_store_and_tests_the_connection_live_and_dead(s
     panel.nav("kbs", "kbs-table")
     expect(panel.tid("kb-row-big").get_by_test_id("kb-store-state")).to_have_text("unreachable")
     expect(panel.tid("kb-row-small").get_by_test_id("kb-store")).to_have_attribute("data-type", "chroma_http")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="workers are forked processes")
+def test_the_dashboard_shows_every_worker_and_one_that_was_restarted(browser, tmp_path, fake):
+    serve = ServeProcess("serve", tmp_path / "data", proxy_config(fake.url), ("--workers", "2"))
+    status_path = tmp_path / "data" / "run" / "workers.json"
+
+    def pids():
+        try:
+            status = json.loads(status_path.read_text())
+        except (OSError, ValueError):
+            return None
+        found = [w["pid"] for w in status["workers"]]
+        return found if len(found) == 2 and all(found) else None
+
+    try:
+        first = wait_for(pids, "both workers to run", [serve])
+        os.kill(first[1], signal.SIGKILL)
+        wait_for(lambda: (pids() or first)[1] != first[1], "worker 1 to be started again", [serve])
+        serve.admin_key = serve.secret_key
+        for panel in _panel_on(browser, serve):
+            panel.login()
+            panel.nav("dashboard", "overview")
+            card = panel.tid("overview-workers")
+            expect(card).to_contain_text("2 workers on one port")
+            rows = card.get_by_test_id("overview-worker")
+            expect(rows).to_have_count(2)
+            expect(rows.nth(0)).to_contain_text(f"worker 0: pid {first[0]}")
+            expect(rows.nth(1)).to_contain_text("restarted 1×, last was killed by SIGKILL")
+            expect(card).to_contain_text("answered this page")
+            panel.shot("dashboard-workers")
+    finally:
+        assert serve.stop() == 0

@@ -9,19 +9,10 @@ this process retrieved that file's chunk.  Waits poll a condition with a
 deadline; no sleep stands in for an assertion.
 """
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 
-from conftest import API_KEY
+from conftest import API_KEY, ServeProcess, wait_for
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "ragproxy.py")
 PANEL_KEY = "replicas-panel-key-0001"
 KB = "team"
 # A short interval, so a replica sees a commit soon.  A short lease (vectorstore.chroma_http.lease_ttl), so a
@@ -71,57 +62,15 @@ vectorstore:
 """
 
 
-def wait_for(condition, what, procs=(), timeout=60.0):
-    """condition()'s first truthy value, polled until ``timeout`` s; else fail with the processes' logs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {p.name} (exit {p.p.poll()}):\n{p.log()[-4000:]}" for p in procs)
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs}")
-        time.sleep(0.05)
-
-
-class Proxy:
-    """One ``python ragproxy.py --data-dir D`` process; its log goes to D/stderr.log (a pipe could fill up)."""
+class Proxy(ServeProcess):
+    """One replica: a ServeProcess on the team's Chroma set-up."""
 
     def __init__(self, name, data_dir, config):
-        self.name = name
-        (data_dir / "config").mkdir(parents=True)
-        (data_dir / "config" / "config.yaml").write_text(config)
-        self.log_path = data_dir / "stderr.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAGPROXY_")}
-        if os.environ.get("RAGPROXY_PURE"):
-            env["RAGPROXY_PURE"] = os.environ["RAGPROXY_PURE"]
-        env["RAGPROXY_SECRET_KEY"] = PANEL_KEY
-        with open(str(self.log_path), "wb") as log:
-            self.p = subprocess.Popen([sys.executable, SCRIPT, "--data-dir", str(data_dir), "--port", "0"],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env)
-        self.url = None
-        self.url = wait_for(self._listening, f"{name} to listen", [self], timeout=30)
+        super().__init__(name, data_dir, config, secret_key=PANEL_KEY)
         self._token = None
 
-    def _listening(self):
-        if self.p.poll() is not None:
-            raise AssertionError(f"{self.name} exited with {self.p.returncode}:\n{self.log()}")
-        m = re.search(r"listening on (http://\S+)", self.log())
-        return m.group(1) if m else None
-
-    def log(self):
-        with open(str(self.log_path), encoding="utf-8", errors="replace") as f:
-            return f.read()
-
     def _request(self, path, body=None, token=None):
-        headers = {"Authorization": "Bearer " + (token or API_KEY), "Content-Type": "application/json"}
-        req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
-                                     headers=headers, method="GET" if body is None else "POST")
-        try:
-            with urllib.request.urlopen(req, timeout=15) as resp:
-                return resp.status, resp.headers, json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            return e.code, e.headers, e.read().decode("utf-8", "replace")
+        return self.request(path, body, token)
 
     def ask(self, question):
         """The upstream's answer to one chat request through this proxy ("" on an error status)."""
@@ -145,20 +94,6 @@ class Proxy:
 
     def role(self):
         return self.store().get("role")
-
-    def kill(self):
-        self.p.send_signal(signal.SIGKILL)
-        self.p.wait(10)
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                return self.p.wait(15)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
-        return self.p.returncode
 
 
 def injected_secrets(recorded):
