@@ -609,6 +609,7 @@ def _serve(data_dir, config_path, overrides, config, environ):
     from .uploads import cleanup_staging
     from .yamlish import YAMLError
 
+    _hold_data_dir(data_dir)
     try:
         secret_key, secret_created = _load_secret_key(data_dir, environ)
     except (ConfigError, YAMLError) as exc:
@@ -661,6 +662,31 @@ def _supervise(serving, workers, announce):
     finally:
         serving.sock.close()
         _log().info("ragproxy stopped")
+
+
+def _hold_data_dir(data_dir):
+    """Lock the data directory for this serve's life (DATA_DIR/run/serve.lock), or refuse to start.
+
+    A second serve on it would index beside the first one's indexer, write its key file if the first
+    took its key from the environment, and with workers write over the first one's workers' metrics.
+    The lock is held by an open file, so it goes with the last of this serve's processes, however
+    they end.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock here (Windows): nothing to hold it with
+        return None
+    run_dir = os.path.join(data_dir, "run")
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(run_dir, "serve.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise _CLIError(f"another 'ragproxy serve' is running on the data directory {data_dir} ({path} is "
+                        "locked); one data directory serves one proxy") from None
+    return fd
 
 
 class _ServeContext:

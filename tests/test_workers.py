@@ -177,6 +177,19 @@ def test_workers_share_the_port_a_killed_one_is_restarted_and_sigterm_stops_them
     assert "ragproxy stopped" in serve.log() and "Traceback" not in serve.log()
 
 
+def test_a_second_serve_on_the_same_data_directory_is_refused_and_touches_nothing(serve):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGPROXY_")}
+    for args in (["--workers", "2"], []):
+        second = subprocess.run([sys.executable, os.path.join(ROOT, "ragproxy.py"), "--data-dir",
+                                 str(serve.data_dir), "--port", "0", *args], stdin=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, universal_newlines=True, env=env, timeout=30)
+        assert second.returncode == 2
+        assert "another 'ragproxy serve' is running on the data directory" in second.stderr
+    assert not (serve.data_dir / "config" / "secret_key.yaml").exists()  # the first one's key is from the env
+    assert serve.running_pids()   # the first one serves on
+    assert serve.ask("still there")["choices"]
+
+
 def test_an_mcp_session_opened_on_one_worker_is_served_by_the_other(serve):
     headers = {"Accept": "application/json, text/event-stream"}
     with serve.only(0):
