@@ -75,14 +75,17 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
 class SharedRotatingFileHandler(PrivateRotatingFileHandler):
     """A PrivateRotatingFileHandler for a file several processes write.
 
-    Each process rotating on its own would rotate again a file another one
-    has just rotated (its stream still points at the renamed file, which is
-    full), renaming the fresh file over the backup and losing it.  Here each
-    record is written under flock on ``FILE.lock``, after a look at whether
-    the path still names this process's open file: if another process has
-    rotated it, this one reopens before it judges the size.  The lock file is
-    opened per process, as a forked child would share its parent's open lock
-    file and so its lock.  Where there is no fcntl, records go unlocked.
+    A process rotating on its own judges the size by its own stream: after
+    another process has rotated the file, that stream still points at the
+    renamed one, so records land behind newer ones in the backups and the
+    fresh file is rotated again early; and between its own writes the
+    others' records are past its stream's position, so it lets the file grow
+    past maxBytes.  Here each record is written under flock on ``FILE.lock``,
+    after a look at whether the path still names this process's open file:
+    if another process has rotated it, this one reopens it, else it seeks to
+    the end, before the size is judged.  The lock file is opened per
+    process, as a forked child would share its parent's open lock file and so
+    its lock.  Where there is no fcntl, records go unlocked.
     """
 
     def __init__(self, *args, **kwargs):
@@ -92,9 +95,14 @@ class SharedRotatingFileHandler(PrivateRotatingFileHandler):
     def emit(self, record):
         try:
             with self._file_lock():
-                if self.stream is not None and self._moved():
-                    self.stream.close()
-                    self.stream = None  # the next write opens the file the path names now
+                if self.stream is not None:
+                    if self._moved():
+                        self.stream.close()
+                        self.stream = None  # the next write opens the file the path names now
+                    else:
+                        # The size is judged by tell(), which is where this process last wrote:
+                        # the others' records since then are past it.
+                        self.stream.seek(0, os.SEEK_END)
                 super().emit(record)
         except Exception:
             self.handleError(record)
