@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import threading
+import time
 
 from .api import json_bytes
 
@@ -248,7 +249,16 @@ class SharedLoginThrottle:
         db = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         try:
             db.execute("PRAGMA busy_timeout=%d" % int(self.busy_timeout * 1000))
-            db.execute("PRAGMA journal_mode=WAL")
+            for attempt in range(8):
+                # serve's workers open the new file together, and SQLite's switch to WAL calls no busy
+                # handler: "database is locked" then means "try again" (see reqlog's _prepare).
+                try:
+                    db.execute("PRAGMA journal_mode=WAL")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or attempt == 7:
+                        raise
+                    time.sleep(0.01 * 2 ** attempt)
             db.execute(_THROTTLE_SCHEMA)
         except BaseException:
             db.close()

@@ -304,15 +304,32 @@ class RequestLog:
         os.makedirs(directory, exist_ok=True)
         # Opened here so a bad path fails at start-up, not silently in the thread.
         self._conn = self._connect()
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        with self._conn:
-            self._conn.executescript(_REQLOG_SCHEMA)
-            self._add_columns()
-            self._conn.execute(f"PRAGMA user_version={_REQLOG_SCHEMA_VERSION}")
+        self._prepare()
         self._thread = threading.Thread(target=self._run, name="ragproxy-reqlog", daemon=True)
         if start:
             self.start()
+
+    def _prepare(self, attempts=8):
+        """WAL mode and the schema, tried again while another process is doing the same.
+
+        Processes opening a new log at once (serve's workers start together; the CLI beside
+        serve) meet "database is locked" from the switch to WAL, where SQLite calls no busy
+        handler: 3 in 50 rounds of four at once, before these retries.
+        """
+        import sqlite3  # here: see the module docstring
+        for attempt in range(attempts):
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+                with self._conn:
+                    self._conn.executescript(_REQLOG_SCHEMA)
+                    self._add_columns()
+                    self._conn.execute(f"PRAGMA user_version={_REQLOG_SCHEMA_VERSION}")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or attempt == attempts - 1:
+                    raise
+                time.sleep(0.01 * 2 ** attempt)   # 2.55 s in all
 
     def _add_columns(self):
         """A database made by an older version gets the columns added since (its rows read NULL there)."""

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 
 import pytest
 
@@ -250,3 +251,25 @@ def test_a_throttle_file_locked_past_the_timeout_falls_back_and_does_not_raise(w
     assert one.wait("10.0.0.1") == 1.0        # the locked-out failure did not reach the file
     two.failed("10.0.0.1", free=1)
     assert not two.degraded and one.wait("10.0.0.1") == 2.0
+
+
+def test_workers_opening_a_new_throttle_file_at_once_all_share_it(tmp_path):
+    """serve's workers make their throttles together at start.  Before the WAL switch was retried, 14
+    rounds of 100 left one of four on its in-memory throttle ("database is locked")."""
+    for round_ in range(60):
+        path = str(tmp_path / f"throttle-{round_}.sqlite3")
+        barrier = threading.Barrier(4)
+        made = []
+
+        def make():
+            barrier.wait()
+            made.append(SharedLoginThrottle(path, ManualClock()))
+
+        threads = [threading.Thread(target=make) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [t.degraded for t in made] == [False] * 4, f"round {round_}"
+        for throttle in made:
+            throttle.close()
