@@ -702,12 +702,13 @@ class _ServeContext:
         os.makedirs(path, mode=0o700, exist_ok=True)
         return path
 
-    def run_worker(self, slot):
-        """One worker process's whole life, in the child the supervisor forked; its exit status."""
+    def run_worker(self, slot, ready):
+        """One worker process's whole life, in the child the supervisor forked; its exit status.
+        ``ready()`` tells the supervisor it serves."""
         logs_dir = os.path.join(self.data_dir, "logs")
         _setup_logging(self.config.server["log_level"], logs_dir if os.path.isdir(logs_dir) else None, True,
                        shared=True, tag=f"worker {slot}")
-        return self.run(slot=slot)
+        return self.run(slot=slot, announce=ready)
 
     def run(self, slot=None, announce=None):
         """Serve until SIGTERM or SIGINT; 0.  ``slot``: this worker's, under a supervisor (None: alone)."""

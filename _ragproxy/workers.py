@@ -4,8 +4,10 @@ One ragproxy process is bound by its interpreter lock once a few clients ask
 for retrieval at once (bench/RESULTS.md, issue 20: a new question on the chat
 body at 16 clients, 968 requests/s from one process, 1,550 from two).
 ``serve --workers N`` (server.workers) binds the socket once, then forks N
-workers that each run a whole ragproxy on it (``run_worker(slot)``, given by
-cli); the kernel hands each new connection to one of them.  What the workers
+workers that each run a whole ragproxy on it (``run_worker(slot, ready)``,
+given by cli); the kernel hands each new connection to one of them.  A worker
+calls ``ready()`` once it serves: till then the status file calls it
+"starting", then "running".  What the workers
 must share they share through files under DATA_DIR/run (metrics, the login
 throttle, the indexer's requests and status) or by a key (MCP session ids);
 this module knows none of it.
@@ -69,15 +71,18 @@ class _Worker:
         self.last_exit_at = None
         self.backoff = 0.0         # the wait before the next restart, if the next exit is early too
         self.due = None            # monotonic time of a restart waiting out its back-off
+        self.ready = False         # it said it serves (its ready() byte arrived)
+        self.ready_fd = None       # the read end of its ready pipe, until the byte or EOF
 
     def as_dict(self):
-        return {"slot": self.slot, "pid": self.pid, "state": "running" if self.pid else "restarting",
+        state = ("running" if self.ready else "starting") if self.pid else "restarting"
+        return {"slot": self.slot, "pid": self.pid, "state": state,
                 "started": self.started, "restarts": self.restarts, "last_exit": self.last_exit,
                 "last_exit_at": self.last_exit_at}
 
 
 class Supervisor:
-    """Forks ``count`` workers that each call ``run_worker(slot)`` and exit with what it returns.
+    """Forks ``count`` workers that each call ``run_worker(slot, ready)`` and exit with what it returns.
 
     ``status_path`` is where the workers' state is written for the admin API
     (None: nowhere).  ``clock`` stamps it, ``monotonic`` times back-off and
@@ -98,6 +103,7 @@ class Supervisor:
         self._stopping = False
         self._reload = False
         self._wake_r = self._wake_w = None
+        self._selector = None
 
     # -- the loop -----------------------------------------------------------
 
@@ -108,14 +114,16 @@ class Supervisor:
         os.set_blocking(self._wake_w, False)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in self._signals()}
         old_wakeup = signal.set_wakeup_fd(self._wake_w)
-        selector = selectors.DefaultSelector()
+        selector = self._selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ)
         try:
             for worker in self.workers:
                 self._start(worker)
             self._write_status()
             while not self._stopping:
-                selector.select(self._next_timeout())
+                for key, _ in selector.select(self._next_timeout()):
+                    if key.data is not None:
+                        self._heard(key.data)
                 self._drain_wakeups()
                 if self._reload:
                     self._reload = False
@@ -127,6 +135,8 @@ class Supervisor:
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            for worker in self.workers:
+                self._forget_ready_pipe(worker)
             selector.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -160,28 +170,63 @@ class Supervisor:
 
     def _start(self, worker):
         worker.due = None
+        ready_r, ready_w = os.pipe()
         try:
             pid = self.fork()
         except OSError as exc:  # the process table or memory is full: try again, as after an early exit
+            os.close(ready_r)
+            os.close(ready_w)
             worker.backoff = min(self.max_backoff, max(1.0, worker.backoff * 2))
             worker.due = self.monotonic() + worker.backoff
             log.error("cannot start worker %d: %s; trying again in %g s", worker.slot, exc.strerror or exc,
                       worker.backoff)
             return
         if pid == 0:
-            self._become_worker(worker.slot)  # never returns
+            os.close(ready_r)
+            self._become_worker(worker.slot, ready_w)  # never returns
+        os.close(ready_w)
         worker.pid, worker.started, worker.started_at = pid, self.clock(), self.monotonic()
+        worker.ready, worker.ready_fd = False, ready_r
+        self._selector.register(ready_r, selectors.EVENT_READ, worker)
         log.debug("worker %d started, pid %d", worker.slot, pid)
 
-    def _become_worker(self, slot):
+    def _heard(self, worker):
+        """Its ready pipe is readable: the byte (it serves), or EOF (it exited first; _reap tells)."""
+        try:
+            said = os.read(worker.ready_fd, 1)
+        except OSError:
+            said = b""
+        self._forget_ready_pipe(worker)
+        if said and worker.pid:
+            worker.ready = True
+            log.debug("worker %d (pid %d) serves", worker.slot, worker.pid)
+            self._write_status()
+
+    def _forget_ready_pipe(self, worker):
+        if worker.ready_fd is not None:
+            self._selector.unregister(worker.ready_fd)
+            os.close(worker.ready_fd)
+            worker.ready_fd = None
+
+    def _become_worker(self, slot, ready_w):
         code = 1
+
+        def ready():
+            with contextlib.suppress(OSError):
+                os.write(ready_w, b"r")
+                os.close(ready_w)
+
         try:
             signal.set_wakeup_fd(-1)
             os.close(self._wake_r)
             os.close(self._wake_w)
+            for worker in self.workers:   # the siblings' ready pipes are the supervisor's
+                if worker.ready_fd is not None:
+                    os.close(worker.ready_fd)
+            self._selector.close()
             for sig in self._signals():
                 signal.signal(sig, signal.SIG_DFL)
-            code = self.run_worker(slot)
+            code = self.run_worker(slot, ready)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:
@@ -209,7 +254,8 @@ class Supervisor:
 
     def _exited(self, worker, status):
         how, pid = describe_exit(status), worker.pid
-        worker.pid = None
+        worker.pid, worker.ready = None, False
+        self._forget_ready_pipe(worker)
         worker.last_exit, worker.last_exit_at = how, self.clock()
         if self._stopping:
             log.debug("worker %d %s", worker.slot, how)
@@ -254,7 +300,9 @@ class Supervisor:
                                     worker.pid, self.stop_timeout)
                 self._signal_all(signal.SIGKILL)
                 deadline = self.monotonic() + self.stop_timeout
-            selector.select(min(max(left, 0.0), 0.5))
+            for key, _ in selector.select(min(max(left, 0.0), 0.5)):
+                if key.data is not None:
+                    self._heard(key.data)   # EOF, mostly: a worker ending
             self._drain_wakeups()
             self._reap()
 

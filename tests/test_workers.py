@@ -52,6 +52,8 @@ class Workers(ServeProcess):
         self.count = count
         self.asked = 0
         wait_for(lambda: self.running_pids(), "every worker to be running", [self], timeout=30)
+        # Not stopped in its first indexing run either (steering stops a worker wherever it is).
+        wait_for(lambda: "[worker 0] indexed notes" in self.log(), "the first index", [self], timeout=30)
 
     def status(self):
         try:
@@ -61,12 +63,13 @@ class Workers(ServeProcess):
             return None
 
     def running_pids(self):
-        """Every slot's pid once each runs, else None."""
+        """Every slot's pid once each serves, else None."""
         status = self.status()
         if not status or len(status["workers"]) != self.count:
             return None
         pids = [w["pid"] for w in status["workers"]]
-        return pids if all(pids) and all(_alive(pid) for pid in pids) else None
+        running = all(w["state"] == "running" for w in status["workers"])
+        return pids if running and all(_alive(pid) for pid in pids) else None
 
     @contextlib.contextmanager
     def only(self, slot):
@@ -262,11 +265,14 @@ SUPERVISED = textwrap.dedent("""
     from _ragproxy.workers import Supervisor
     mode = sys.argv[1]
 
-    def run_worker(slot):
+    def run_worker(slot, ready):
         with open(os.path.join({out!r}, "started-%d-%d" % (slot, os.getpid())), "w"):
             pass
         if mode == "crash":
             return 3
+        if mode == "slow" and slot == 1:
+            time.sleep(3600)   # never ready
+        ready()
         if mode == "stubborn":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while True:
@@ -321,11 +327,11 @@ def _status_of(out):
 
 
 def _both_running(out):
-    """The two workers' pids once both have started and the status file names them."""
+    """The two workers' pids once both have said they serve."""
     status = _status_of(out)
-    started = [n for n in os.listdir(str(out)) if n.startswith("started-")]
-    pids = [w["pid"] for w in status["workers"]] if status else []
-    return pids if len(started) == 2 and all(pids) and len(pids) == 2 else None
+    workers = status["workers"] if status else []
+    return [w["pid"] for w in workers] if len(workers) == 2 and all(w["state"] == "running" for w in workers) \
+        else None
 
 
 def test_a_worker_that_keeps_failing_is_restarted_with_a_growing_wait_and_visibly(tmp_path, supervised):
@@ -378,5 +384,14 @@ def test_a_worker_that_cannot_be_forked_is_tried_again(tmp_path, supervised):
     log = (tmp_path / "stderr.log").read_text()
     assert "cannot start worker 0: Resource temporarily unavailable; trying again in 0.4 s" in log
     assert "cannot start worker 1: Resource temporarily unavailable; trying again in 0.4 s" in log
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+
+
+def test_a_worker_is_starting_until_it_says_it_serves(tmp_path, supervised):
+    proc, out = supervised("slow")
+    status = wait_for(lambda: (_status_of(out) or {"workers": [{}]})["workers"][0].get("state") == "running"
+                      and _status_of(out), "worker 0 to serve")
+    assert status["workers"][1]["state"] == "starting" and status["workers"][1]["pid"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
