@@ -60,6 +60,27 @@ def wait_for(condition, what, procs=(), timeout=60.0):
         time.sleep(0.05)
 
 
+def at_once(work, count=4):
+    """work() in ``count`` threads released together (as processes starting at once): their results,
+    or the exceptions they raised, in no particular order."""
+    barrier = threading.Barrier(count)
+    out = []
+
+    def run():
+        barrier.wait()
+        try:
+            out.append(work())
+        except Exception as exc:   # the caller says which are wrong
+            out.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out
+
+
 class ServeProcess:
     """One ``python ragproxy.py --data-dir D --port 0 ARGS`` process, as a user starts it, with
     D/config/config.yaml; its log goes to D/stderr.log (a pipe could fill up)."""

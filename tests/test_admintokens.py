@@ -11,13 +11,12 @@ import json
 import logging
 import os
 import sqlite3
-import threading
 
 import pytest
 
 from _ragproxy.admintokens import (TOKEN_AUDIENCE, LoginThrottle, SharedLoginThrottle, b64url, issue_token,
                                    verify_token)
-from conftest import ManualClock
+from conftest import ManualClock, at_once
 
 SECRET = "panel-secret"
 
@@ -258,18 +257,7 @@ def test_workers_opening_a_new_throttle_file_at_once_all_share_it(tmp_path):
     rounds of 100 left one of four on its in-memory throttle ("database is locked")."""
     for round_ in range(60):
         path = str(tmp_path / f"throttle-{round_}.sqlite3")
-        barrier = threading.Barrier(4)
-        made = []
-
-        def make():
-            barrier.wait()
-            made.append(SharedLoginThrottle(path, ManualClock()))
-
-        threads = [threading.Thread(target=make) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert [t.degraded for t in made] == [False] * 4, f"round {round_}"
+        made = at_once(lambda: SharedLoginThrottle(path, ManualClock()))
+        assert [t.degraded for t in made] == [False] * 4, f"round {round_}: {made}"
         for throttle in made:
             throttle.close()
