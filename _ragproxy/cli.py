@@ -664,6 +664,14 @@ def _supervise(serving, workers, announce):
         _log().info("ragproxy stopped")
 
 
+def _run_dir(data_dir):
+    """DATA_DIR/run, made if missing: the serve lock, and what workers share (their status, metrics,
+    throttle, the indexer's queue)."""
+    path = os.path.join(data_dir, "run")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
 def _hold_data_dir(data_dir):
     """Lock the data directory for this serve's life (DATA_DIR/run/serve.lock), or refuse to start.
 
@@ -676,9 +684,7 @@ def _hold_data_dir(data_dir):
         import fcntl
     except ImportError:  # no flock here (Windows): nothing to hold it with
         return None
-    run_dir = os.path.join(data_dir, "run")
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    path = os.path.join(run_dir, "serve.lock")
+    path = os.path.join(_run_dir(data_dir), "serve.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -697,10 +703,7 @@ class _ServeContext:
         self.config, self.environ, self.secret_key, self.sock = config, environ, secret_key, sock
 
     def run_dir(self):
-        """DATA_DIR/run: what the workers share (their status, metrics, throttle, the indexer's queue)."""
-        path = os.path.join(self.data_dir, "run")
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        return path
+        return _run_dir(self.data_dir)
 
     def run_worker(self, slot, ready):
         """One worker process's whole life, in the child the supervisor forked; its exit status.

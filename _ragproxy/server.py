@@ -635,7 +635,7 @@ def make_server(app, host=DEFAULT_HOST, port=0, clock=time.monotonic, sock=None)
     With ``sock`` (from listening_socket), it serves that socket instead of binding one: the way
     several worker processes serve one port.
     """
-    return _Server(sock.getsockname()[:2] if sock is not None else (host, port), app, clock, sock)
+    return _Server((host, port), app, clock, sock)
 
 
 def listening_socket(host=DEFAULT_HOST, port=0):

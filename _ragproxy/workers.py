@@ -47,8 +47,7 @@ STATUS_FILE = "workers.json"
 
 def describe_exit(status):
     """How a process ended, from its wait status: "exited with status 1", "was killed by SIGKILL"."""
-    code = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else (
-        -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+    code = os.waitstatus_to_exitcode(status)
     if code >= 0:
         return f"exited with status {code}"
     try:
