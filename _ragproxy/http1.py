@@ -4,8 +4,9 @@ Reading a head (request or status line and header lines) from a buffered
 socket file, in one pass when it is all buffered; bodies framed by
 Content-Length (FixedBody) or chunked transfer coding (ChunkedBody); socket
 timeouts kept by the kernel where it can (KERNEL_TIMEOUTS), and a deadline
-for a series of reads (set_read_deadline).  Numbers from the wire are ASCII
-digits only.  Nothing here knows about APIs or providers.
+for a series of reads (set_read_deadline); a body sent as several buffers
+(BodyParts).  Numbers from the wire are ASCII digits only.  Nothing here
+knows about APIs or providers.
 
 May import: nothing (the standard library only).
 """
@@ -162,6 +163,34 @@ def buffered_head_lines(rfile):
         return None
     rfile.read(end + 4)
     return block.decode("latin-1").split("\r\n")
+
+
+class BodyParts:
+    """A request body held as the buffers it is made of, in order: ``len()`` is its
+    size in bytes and ``bytes()`` joins it.
+
+    A body spliced from the client's bytes and a few new ones (jsonbody.with_edits)
+    goes upstream this way: the socket client hands the parts to one gathering
+    send, so a 120 KB agent-loop body with context injected is not copied whole
+    in Python, and the kernel reads the client's bytes where they already lie.
+    A copy that size costs a request more than its memcpy: it evicts what the
+    rest of the request reads from the CPU's caches (bench/RESULTS.md, session 28).
+    """
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts):
+        self.parts = tuple(parts)
+        self.size = sum(map(len, self.parts))
+
+    def __len__(self):
+        return self.size
+
+    def __bytes__(self):
+        return b"".join(self.parts)
+
+    def __repr__(self):
+        return f"<BodyParts: {self.size} bytes in {len(self.parts)} parts>"
 
 
 class FixedBody:

@@ -308,7 +308,7 @@ def _cap_ends(text, max_bytes):
 
 # -- turn key ------------------------------------------------------------------
 
-def turn_key(endpoint, payload, raw=None, seen=None, conversation=None):
+def turn_key(endpoint, payload, raw=None, seen=None, conversation=None, sent_at=None):
     """sha256 hex of the conversation up to and including the last human turn.
 
     Every request of one agent loop only appends after that turn, so they share
@@ -334,6 +334,10 @@ def turn_key(endpoint, payload, raw=None, seen=None, conversation=None):
     (two entries when they differ): every round of an agent loop sends the
     same prefix, and comparing it with the one seen costs a tenth of hashing
     it again.  ``conversation``: the payload's Conversation, when the caller has one.
+    ``sent_at(key, upto)``, with ``seen``, says where the text ``raw(key, upto, ())``
+    would cut lies: ``(source, start, end)`` with ``source[start:end]`` that
+    UTF-8 text, or None (jsonbody.entries_span).  A prefix seen before is then
+    found by comparing it where it lies, with no copy of it cut first.
     """
     conversation = conversation or Conversation(endpoint, payload)
     fmt, seq = conversation.fmt, conversation.seq
@@ -352,6 +356,10 @@ def turn_key(endpoint, payload, raw=None, seen=None, conversation=None):
         # loop sends it as the first round's with the markers cut (they moved on),
         # and a client that leaves them in place sends the first round's bytes.
         # Either way finding the markers and cutting them costs nothing then.
+        where = sent_at(fmt.turns, upto) if sent_at is not None and seen is not None else None
+        key = _seen_key_at(seen, endpoint, *where) if where is not None else None
+        if key is not None:
+            return key
         sent = _as_utf8(raw(fmt.turns, upto, ())) if raw is not None and seen is not None else None
         key = _seen_key(seen, endpoint, sent)
         if key is not None:
@@ -396,6 +404,15 @@ def _seen_key(seen, endpoint, text):
     lookup = _seen_lookup(endpoint, text) if seen is not None and text is not None else None
     known = seen.get(lookup) if lookup is not None else None
     return known[1] if known is not None and known[0] == text else None
+
+
+def _seen_key_at(seen, endpoint, source, start, end):
+    """_seen_key for the text ``source[start:end]`` (bytes), compared where it lies."""
+    size = end - start
+    if size > MAX_SEEN_BYTES:
+        return None
+    known = seen.get((endpoint, size, source[max(start, end - _SEEN_TAIL):end]))   # _seen_lookup's key
+    return known[1] if known is not None and source.startswith(known[0], start) else None
 
 
 def _remember(seen, endpoint, text, key):

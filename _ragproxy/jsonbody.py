@@ -14,7 +14,7 @@ the parsed values of recent bodies' large members and entries, so a body
 that repeats them (every round of an agent loop repeats the conversation so
 far, its tools and its system prompt) has them shared instead of parsed.
 
-May import: api.
+May import: api, http1.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import threading
 from collections import OrderedDict
 
 from .api import ClientError, json_bytes, json_text
+from .http1 import BodyParts
 
 # json.loads wraps this scanner in three Python-level calls and two regex
 # matches; a request body that is one bare object needs none of them.
@@ -425,6 +426,25 @@ def raw_entries(members, key, upto=None, leave_out=None, utf8=False, within=None
     return text
 
 
+def entries_span(members, key, upto):
+    """``(body, start, end)``: where entries 0 to ``upto`` of the top-level array ``key``
+    lie in an ASCII body, from the first's start to the last's end, so that
+    ``body[start:end]`` is raw_entries' UTF-8 text of them as sent; None for a
+    body that is not ASCII, or whenever raw_entries would answer None.
+
+    A caller that only compares that text with one it holds (the turn key's
+    seen texts) does so in place, with ``body.startswith(text, start)``: a
+    50 KB conversation is then read once, not copied first.
+    """
+    if not members.ascii or members.spans is None or key not in members.spans:
+        return None
+    span = members.spans[key]
+    if len(span) < 3 or not 0 <= upto < len(span[2]):
+        return None
+    entries = span[2]
+    return members.body, entries[0][0], entries[upto][1]
+
+
 def raw_value(members, path):
     """The body's own text of the value at ``path`` (see inject): a top-level
     member, ``(key,)``, or one entry of an expanded array, ``(key, index)``.
@@ -534,7 +554,7 @@ def json_text_with(value, escaped):
     return text.replace(_PLACEHOLDER_JSON, escaped, 1)
 
 
-def with_edits(body, payload, paths, members=None, encoded=None):
+def with_edits(body, payload, paths, members=None, encoded=None, parts=False):
     """``body`` with the values at ``paths`` (see inject) encoded again from ``payload``;
     None when a path cannot be placed, and the whole payload must be encoded.
 
@@ -547,15 +567,17 @@ def with_edits(body, payload, paths, members=None, encoded=None):
     ``members``, a Members of ``body`` found already (by the turn key), spares
     that pass when it has the entries the paths name.  ``encoded`` maps a path
     to (value, its JSON text) where the text is known: used while ``payload``
-    holds that very value there.
+    holds that very value there.  ``parts``: an ASCII body's splice is an
+    http1.BodyParts (views of ``body`` between the new texts), not joined
+    into one bytes object; only the upstream client reads it.
     """
     try:
-        return _with_edits(body, payload, paths, members, encoded)
+        return _with_edits(body, payload, paths, members, encoded, parts)
     except RecursionError:  # nesting that json parsed with a few levels to spare, and cannot encode
         raise ClientError(400, "request body is nested too deeply") from None
 
 
-def _with_edits(body, payload, paths, members=None, encoded=None):
+def _with_edits(body, payload, paths, members=None, encoded=None, parts=False):
     expand = {path[0] for path in paths if len(path) > 1}
     if members is None or members.body is not body or not expand <= members.expand:
         members = Members(body, expand)
@@ -601,7 +623,7 @@ def _with_edits(body, payload, paths, members=None, encoded=None):
                 pieces += (view[pos:start], new)
                 pos = end
             pieces.append(view[pos:])
-            return b"".join(pieces)
+            return BodyParts(pieces) if parts else b"".join(pieces)
     pieces, pos = [], 0
     for start, end, new in edits:
         pieces += (text[pos:start], new)

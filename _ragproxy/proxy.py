@@ -479,7 +479,8 @@ class App:
                 body = json_bytes(payload)
             elif exchange.edits:
                 paths = exchange.edits + (("model",),) if renamed else exchange.edits
-                body = with_edits(body, payload, paths, exchange.members, exchange.encoded) or json_bytes(payload)
+                body = with_edits(body, payload, paths, exchange.members, exchange.encoded, parts=True) \
+                    or json_bytes(payload)
             elif renamed:
                 body = with_model(body, sent_model, upstream_model) or json_bytes(payload)
         except RecursionError:  # nesting json parsed with a few levels to spare, and cannot encode again

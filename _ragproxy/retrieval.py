@@ -51,7 +51,7 @@ from .inject import (
     turn_key,
     uses_query,
 )
-from .jsonbody import PLACEHOLDER, Members, json_text_with, raw_entries, raw_value
+from .jsonbody import PLACEHOLDER, Members, entries_span, json_text_with, raw_entries, raw_value
 from .npy import StoreError
 from .redact import Redactor
 from .screening import Screening
@@ -563,7 +563,8 @@ class Retriever:
         in_place = route.inject_mode in _USER_TURN_MODES and uses_query(rag["inject_template"])
         conversation = Conversation(endpoint, payload)   # its last human turn found once, for all five
         try:
-            turn = turn_key(endpoint, payload, self._raw_prefix(exchange), self.turn_texts, conversation)
+            raw, sent_at = self._raw_prefix(exchange)
+            turn = turn_key(endpoint, payload, raw, self.turn_texts, conversation, sent_at)
             later_round = bool(turn) and continues_turn(endpoint, payload, conversation)
             # Keyed by the key's scope too: a key never gets context retrieved for another.
             # And by the compression profile: its levers chose and ordered the chunks rendered.
@@ -621,18 +622,26 @@ class Retriever:
 
     @staticmethod
     def _raw_prefix(exchange):
-        """turn_key's ``raw``: the client's own text of the conversation's first entries.
+        """turn_key's ``raw`` and ``sent_at``: the client's own text of the conversation's
+        first entries, and where it lies in the body as sent (None, None without a body).
 
-        The Members it finds are left on ``exchange.members`` for the splice
+        The Members they find are left on ``exchange.members`` for the splice
         (jsonbody.with_edits), which needs the same spans; Members the proxy
         found as it parsed the body (jsonbody.json_object_with_members) are used as they are.
         """
-        def raw(key, upto, marked):
+        if not isinstance(exchange.request.body, bytes) or not exchange.request.body:
+            return None, None
+
+        def members_for(key):
             members, body = exchange.members, exchange.request.body
             if members is None or members.body is not body or key not in members.expand:
                 members = exchange.members = Members(body, (key,))
-            return raw_entries(members, key, upto, leave_out="cache_control", utf8=True, within=marked)
-        return raw if isinstance(exchange.request.body, bytes) and exchange.request.body else None
+            return members
+
+        def raw(key, upto, marked):
+            return raw_entries(members_for(key), key, upto, leave_out="cache_control", utf8=True, within=marked)
+
+        return raw, lambda key, upto: entries_span(members_for(key), key, upto)
 
     def _fit(self, found, limit, own_tokens, question, screen):
         """``found`` with whole chunks cut from its end until the request, ``own_tokens``

@@ -22,6 +22,7 @@ import urllib.parse
 from . import deps
 from .http1 import (
     READ_SIZE,
+    BodyParts,
     ChunkedBody,
     FixedBody,
     header_value,
@@ -395,7 +396,8 @@ class _SocketPool:
 
 
 def _send_request(sock, head, body):
-    """``head`` then ``body`` in one system call where the socket can gather them.
+    """``head`` then ``body`` (bytes or http1.BodyParts) in one system call where the
+    socket can gather them.
 
     Joining them copied the body (120 KB for a coding agent's turn), and
     sending them apart cost a second system call and segment; each system
@@ -404,15 +406,17 @@ def _send_request(sock, head, body):
     if not body:
         sock.sendall(head)
         return
+    buffers = (head, *body.parts) if isinstance(body, BodyParts) else (head, body)
     if _SENDMSG is None:
-        sock.sendall(head + body)
+        sock.sendall(b"".join(buffers))
         return
-    sent = sock.sendmsg((head, body))
-    if sent < len(head):   # a send cut short (a timeout, a signal): the rest as sendall does it
-        sock.sendall(head[sent:])
-        sent = len(head)
-    if sent - len(head) < len(body):
-        sock.sendall(memoryview(body)[sent - len(head):])
+    sent = sock.sendmsg(buffers)
+    for buffer in buffers:   # a send cut short (a timeout, a signal): the rest as sendall does it
+        if sent >= len(buffer):
+            sent -= len(buffer)
+            continue
+        sock.sendall(memoryview(buffer)[sent:])
+        sent = 0
 
 
 _SENDMSG = getattr(socket.socket, "sendmsg", None)  # not on Windows
@@ -494,9 +498,13 @@ class _SchemePool:
         self._lock = threading.Lock()
 
     def request(self, method, url, headers, body, connect_timeout, read_timeout, tls=_SYSTEM_TLS):
-        """Send one request; an https ``url`` is spoken to as ``tls`` says (see Provider.tls)."""
-        pool = self._tls_pool() if url[:6].lower() == "https:" else self._plain
-        return pool.request(method, url, headers, body, connect_timeout, read_timeout, tls)
+        """Send one request; an https ``url`` is spoken to as ``tls`` says (see Provider.tls).
+        ``body``: bytes, an http1.BodyParts (sent as its parts over plain http) or None."""
+        if url[:6].lower() != "https:":
+            return self._plain.request(method, url, headers, body, connect_timeout, read_timeout, tls)
+        if isinstance(body, BodyParts):   # the libraries take one buffer
+            body = bytes(body)
+        return self._tls_pool().request(method, url, headers, body, connect_timeout, read_timeout, tls)
 
     def _tls_pool(self):
         pool = self._tls

@@ -372,6 +372,48 @@ def test_turn_key_finds_a_later_round_from_its_prefix_as_sent(moved):
         assert ragproxy.turn_key("messages", body, raw_of(encode(body))) == key   # what hashing gives
 
 
+def sent_at_of(body):
+    """turn_key's ``sent_at`` over the client's bytes, as the retriever gives it."""
+    return lambda key, upto: jsonbody.entries_span(jsonbody.Members(body, (key,)), key, upto)
+
+
+@pytest.mark.parametrize("moved", [True, False], ids=["markers-move-on", "markers-stay"])
+def test_turn_key_finds_a_later_round_where_its_prefix_lies(moved):
+    """With ``sent_at``, a later round's prefix is compared where it lies in its body: raw is
+    not asked at all, and the key is the one hashing gives.  A prefix of the same size and
+    end that differs in one byte, or that is not ASCII (no span), goes the way raw does."""
+    def build(rounds, prompt=CC_PROMPT):
+        body = claude_code_request(rounds)
+        body["messages"][0]["content"][1]["text"] = prompt
+        if not moved:
+            body["messages"][0]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        return body
+
+    def refusing(key, upto, marked):
+        raise AssertionError("raw asked for a prefix seen where it lies")
+
+    encode = CLIENT_ENCODINGS[1]
+    for prompt in (CC_PROMPT, CC_PROMPT + " \u00e9t\u00e9"):
+        seen = _Seen()
+        first = encode(build(0, prompt))
+        key = ragproxy.turn_key("messages", json.loads(first), raw_of(first), seen, sent_at=sent_at_of(first))
+        assert key == ragproxy.turn_key("messages", json.loads(first), raw_of(first))   # what hashing gives
+        for rounds in (1, 2):
+            body = encode(build(rounds, prompt))
+            if prompt.isascii():
+                assert ragproxy.turn_key("messages", json.loads(body), refusing, seen,
+                                         sent_at=sent_at_of(body)) == key
+            else:
+                assert sent_at_of(body)("messages", 0) is None
+                assert ragproxy.turn_key("messages", json.loads(body), raw_of(body), seen,
+                                         sent_at=sent_at_of(body)) == key
+        later = encode(build(1, prompt))
+        at = later.index(REMINDER[20:40].encode())
+        twin = later[:at] + b"Z" + later[at + 1:]   # one byte of the prefix, far from its end
+        got = ragproxy.turn_key("messages", json.loads(twin), raw_of(twin), seen, sent_at=sent_at_of(twin))
+        assert got != key and got == ragproxy.turn_key("messages", json.loads(twin), raw_of(twin))
+
+
 def test_turn_key_without_raw_text_encodes_the_entries():
     body = claude_code_request(1)
     assert ragproxy.turn_key("messages", body, lambda key, upto, marked: None) == ragproxy.turn_key("messages", body)

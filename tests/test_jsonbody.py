@@ -12,6 +12,7 @@ import pytest
 
 from _ragproxy import jsonbody
 from _ragproxy.api import ClientError, json_text
+from _ragproxy.http1 import BodyParts
 
 
 def test_with_model_replaces_only_a_leading_model_of_the_parsed_value():
@@ -246,6 +247,34 @@ def test_raw_entries_as_utf8_are_the_texts_bytes_and_a_splice_is_the_same_either
     spliced = jsonbody.with_edits(body, payload, (("messages", 2),), members)
     assert json.loads(spliced) == payload
     assert spliced.startswith(body[:body.index(b'{"role": "user", "content": "next"}')])
+    # As parts, the same bytes: an ASCII body's own bytes as views of it, around the new text.
+    parts = jsonbody.with_edits(body, payload, (("messages", 2),), members, parts=True)
+    assert bytes(parts) == spliced and len(parts) == len(spliced)
+    if body.isascii():
+        assert isinstance(parts, BodyParts) and len(parts.parts) == 3
+        assert all(part.obj is body for part in (parts.parts[0], parts.parts[2]))   # not copied
+    else:   # the spliced text is encoded once: one bytes object, as without ``parts``
+        assert isinstance(parts, bytes)
+
+
+@pytest.mark.parametrize("word", ["plain", "caf\u00e9"])
+def test_entries_span_is_where_raw_entries_cut_the_text_as_sent(word):
+    body = ('{"model": "m", "messages" : [ {"role": "user", "content": "%s", "cache_control": {}} ,'
+            '{"role": "assistant", "content": "ok"}]}' % word).encode("utf-8")
+    members = _members(body)
+    for upto in (0, 1):
+        span = jsonbody.entries_span(members, "messages", upto)
+        if word != "plain":   # not ASCII: text and bytes offsets differ, so there is no span
+            assert span is None
+            continue
+        source, start, end = span
+        assert source is body
+        assert source[start:end] == jsonbody.raw_entries(members, "messages", upto, leave_out="cache_control",
+                                                          utf8=True, within=())
+    for bad, key, upto in [(b'{"messages":[1],"messages":[1]}', "messages", 0), (b'{"messages":[1,2]}', "messages", 2),
+                           (b'{"messages":[1,2]}', "input", 0), (b'{"messages":{"a":1}}', "messages", 0),
+                           (b'{"messages":[1,2]}', "messages", -1)]:
+        assert jsonbody.entries_span(_members(bad, key if key != "input" else "messages"), key, upto) is None
 
 
 # -- ParseMemo: what a body repeats of an earlier one is copied, not parsed ------------------------

@@ -17,6 +17,7 @@ import pytest
 
 import ragproxy
 from _ragproxy import deps
+from _ragproxy.http1 import BodyParts
 from _ragproxy.upstream import _HTTPClientPool, _SocketPool, _send_request
 from conftest import API_KEY, TLS_DIR, openai_for, proxy_config, send_slowly, tls_upstream
 
@@ -144,6 +145,29 @@ def test_a_gathered_send_cut_short_sends_the_rest(first):
     sock = _ShortSends(first)
     _send_request(sock, b"HEAD:1234\r\n", b"body!")
     assert sock.data == b"HEAD:1234\r\nbody!"
+
+
+@pytest.mark.parametrize("first", range(0, 21))
+def test_a_body_in_parts_is_sent_as_its_parts_and_whole_when_cut_short(first):
+    body = b"a spliced body!"
+    parts = BodyParts([memoryview(body)[:2], b"", b"[new]", memoryview(body)[2:]])
+    sock = _ShortSends(first)
+    _send_request(sock, b"HEAD:1234\r\n", parts)
+    assert sock.data == b"HEAD:1234\r\na [new]spliced body!"
+    assert len(parts) == len(bytes(parts)) == 20
+
+
+def test_a_body_in_parts_goes_over_the_wire_as_one_body(serve):
+    server = serve(lambda n, conn, req: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+    body = bytes(range(256)) * 600
+    parts = BodyParts([memoryview(body)[:70_000], b'"injected"', memoryview(body)[70_000:]])
+    pool = ragproxy.make_http_pool()
+    try:
+        assert call(pool, server.url + "/v1/messages", body=parts).read_all() == b"ok"
+    finally:
+        pool.close()
+    assert server.requests[0]["body"] == bytes(parts)
+    assert server.requests[0]["headers"]["content-length"] == str(len(body) + 10)
 
 
 def test_chunked_pieces_arrive_as_they_are_sent(pool, serve):
@@ -552,6 +576,25 @@ def test_https_gateway_with_checks_off(tls_library, gateway, make_proxy):
     client = openai_for(proxy)
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "unchecked"}])
     assert reply.choices[0].message.content == "ECHO: unchecked"
+
+
+def test_https_gateway_gets_a_body_with_context_injected_whole(tls_library, gateway, make_proxy, tmp_path):
+    """Over plain http a spliced body goes as its parts (BodyParts); the TLS clients take it joined."""
+    docs = tmp_path / "documents" / "docs"
+    docs.mkdir(parents=True)
+    (docs / "retry.md").write_text("Fetches that fail are retried with Retry(total=3) and exponential backoff.\n")
+    config = gateway_config(gateway.url, f', ca_file: "{TLS / "ca.pem"}"').replace(
+        '{name: "*", upstream: gateway}', '{name: "*", upstream: gateway, kb: [docs]}')
+    proxy = make_proxy(config + "knowledge_bases:\n  docs:\n    retrieval: lexical\n", data_dir=tmp_path)
+    proxy.app.knowledge_bases.index_all()
+    messages = [{"role": "system", "content": "You help with code. " * 40},
+                {"role": "user", "content": "how are failing fetches retried"}]
+    reply = openai_for(proxy).chat.completions.create(model="m", messages=messages)
+    assert reply.choices[0].message.content.startswith("ECHO:")
+    sent = gateway.requests[-1]
+    assert int(sent.headers["content-length"]) == len(sent.body)
+    assert sent.json["messages"][0] == messages[0]   # the client's bytes around the edit, as they came
+    assert "Retry(total=3)" in sent.json["messages"][-1]["content"]
 
 
 def test_embedding_provider_over_https(gateway):
