@@ -20,7 +20,9 @@ change in the machine's speed lands on all of them alike.
 
 Sides: pass (a model without knowledge bases), rag (the same question every
 time: the search and render caches answer), cached (the next tool round of
-the same turn), fresh (a new question every time: a BM25 search).  Bodies,
+the same turn), fresh (a new question every time: a BM25 search), and, on
+request, pass-round (cached's own tool-round body to a model without
+knowledge bases: what the tool round costs beyond forwarding it).  Bodies,
 fake upstream and KB are proxy_overhead.py's (the 80k-chunk KB by default,
 built once into --cache-dir).  The request log's writer thread and the
 indexer are not in the figure (other threads).
@@ -55,7 +57,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import proxy_overhead as po  # noqa: E402
 
-SIDES = ("pass", "rag", "cached", "fresh")
+SIDES = ("pass", "rag", "cached", "fresh", "pass-round")
+DEFAULT_SIDES = ("pass", "rag", "cached", "fresh")
 SCENARIOS = ("chat", "claude")
 PASS_MODEL = "pass-through"
 
@@ -67,8 +70,8 @@ _QUESTIONS_PER_THREAD = 10 ** 8
 def request_body(scenario, side, body_bytes, first=0):
     """The bytes the load generator would send, less the head: a body, or a callable for a new one each
     time (new questions numbered from ``first``)."""
-    model = PASS_MODEL if side == "pass" else po.CLAUDE_MODEL
-    tool_round, fresh = side == "cached", side == "fresh"
+    model = PASS_MODEL if side in ("pass", "pass-round") else po.CLAUDE_MODEL
+    tool_round, fresh = side in ("cached", "pass-round"), side == "fresh"
     if scenario == "claude":
         sent = po.messages_bytes(0, body_bytes, tool_round=tool_round, fresh=fresh, model=model)
     else:
@@ -228,7 +231,8 @@ def _parse_args(argv):
     p.add_argument("--ragproxy", action="append", default=None, metavar="PATH",
                    help="a ragproxy.py to measure; twice or more for an A/B (default: the checkout's)")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="chat, claude (default both)")
-    p.add_argument("--sides", default=",".join(SIDES), help="pass, rag, cached, fresh (default all)")
+    p.add_argument("--sides", default=",".join(DEFAULT_SIDES),
+                   help="pass, rag, cached, fresh, pass-round (default all but pass-round)")
     p.add_argument("--requests", type=int, default=1000, help="requests per batch (default 1000)")
     p.add_argument("--rounds", type=int, default=5, help="batches per side and version; the median is shown")
     p.add_argument("--warmup", type=int, default=300, help="requests per side before the first batch")
