@@ -9,7 +9,7 @@ sqlite3 is imported when it is first used, so a Python built without it
 still starts (the throttle then works per process and says so in the log).
 b64url is also what the admin API makes random client keys readable with.
 
-May import: api.
+May import: api, files.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import json
 import logging
 import os
 import threading
-import time
 
 from .api import json_bytes
+from .files import retry_while_locked
 
 _TOKEN_HEAD = {"alg": "HS256", "typ": "JWT"}
 TOKEN_AUDIENCE = "ragproxy-admin"
@@ -249,16 +249,7 @@ class SharedLoginThrottle:
         db = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         try:
             db.execute("PRAGMA busy_timeout=%d" % int(self.busy_timeout * 1000))
-            for attempt in range(8):
-                # serve's workers open the new file together, and SQLite's switch to WAL calls no busy
-                # handler: "database is locked" then means "try again" (see reqlog's _prepare).
-                try:
-                    db.execute("PRAGMA journal_mode=WAL")
-                    break
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) or attempt == 7:
-                        raise
-                    time.sleep(0.01 * 2 ** attempt)
+            retry_while_locked(lambda: db.execute("PRAGMA journal_mode=WAL"))   # serve's workers open it together
             db.execute(_THROTTLE_SCHEMA)
         except BaseException:
             db.close()

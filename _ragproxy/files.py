@@ -1,8 +1,10 @@
-"""Small file-system helpers every layer shares: atomic writes, fsync, leftovers, sizes and times.
+"""Small file-system helpers every layer shares: atomic writes, fsync, leftovers, sizes, times, SQLite opens.
 
 atomic_write is the one way ragproxy replaces a file: a temporary file in
 the same directory, fsynced, renamed over the target, then the directory
 fsynced, so a crash leaves the old file or the new one, never a torn one.
+retry_while_locked is how a SQLite file that several processes open at once
+gets past SQLite's "database is locked" from the switch to WAL.
 
 May import: nothing (the standard library only).
 """
@@ -12,6 +14,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 
 
 def atomic_write(path, data, mode=0o644, fsync=True):
@@ -97,3 +100,23 @@ def human_size(n):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
+
+
+def retry_while_locked(action, attempts=8, sleep=time.sleep):
+    """``action()``, called again while SQLite answers "database is locked": after 10 ms,
+    then twice as long each time (2.55 s in all over 8 attempts); any other error, or the
+    last attempt's, is raised.
+
+    Processes that open a new database file together (serve's workers start at once; the
+    CLI beside serve) meet that error from the switch to WAL, where SQLite calls no busy
+    handler.
+    """
+    import sqlite3  # here: a Python built without sqlite3 still imports this module
+    for attempt in range(attempts):
+        try:
+            return action()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            sleep(0.01 * 2 ** attempt)
+    raise AssertionError("unreachable")

@@ -357,7 +357,7 @@ def turn_key(endpoint, payload, raw=None, seen=None, conversation=None, sent_at=
         # and a client that leaves them in place sends the first round's bytes.
         # Either way finding the markers and cutting them costs nothing then.
         where = sent_at(fmt.turns, upto) if sent_at is not None and seen is not None else None
-        key = _seen_key_at(seen, endpoint, *where) if where is not None else None
+        key = _seen_key(seen, endpoint, *where) if where is not None else None
         if key is not None:
             return key
         sent = _as_utf8(raw(fmt.turns, upto, ())) if raw is not None and seen is not None else None
@@ -394,24 +394,20 @@ def _as_utf8(text):
     return text if isinstance(text, bytes) or text is None else text.encode("utf-8", "surrogatepass")
 
 
-def _seen_lookup(endpoint, text):
+def _seen_lookup(endpoint, source, start=0, end=None):
+    """Where ``seen`` files the text ``source[start:end]`` (bytes; all of ``source`` by default)."""
+    end = len(source) if end is None else end
     # Found by its length and its end, the newest turn's own words; the whole compared.
-    return (endpoint, len(text), text[-_SEEN_TAIL:]) if len(text) <= MAX_SEEN_BYTES else None
-
-
-def _seen_key(seen, endpoint, text):
-    """The key ``seen`` holds for ``text``, compared whole; None if it holds none."""
-    lookup = _seen_lookup(endpoint, text) if seen is not None and text is not None else None
-    known = seen.get(lookup) if lookup is not None else None
-    return known[1] if known is not None and known[0] == text else None
-
-
-def _seen_key_at(seen, endpoint, source, start, end):
-    """_seen_key for the text ``source[start:end]`` (bytes), compared where it lies."""
-    size = end - start
-    if size > MAX_SEEN_BYTES:
+    if end - start > MAX_SEEN_BYTES:
         return None
-    known = seen.get((endpoint, size, source[max(start, end - _SEEN_TAIL):end]))   # _seen_lookup's key
+    return endpoint, end - start, source[max(start, end - _SEEN_TAIL):end]
+
+
+def _seen_key(seen, endpoint, source, start=0, end=None):
+    """The key ``seen`` holds for the text ``source[start:end]`` (bytes; all of ``source`` by
+    default), compared where it lies; None if it holds none."""
+    lookup = _seen_lookup(endpoint, source, start, end) if seen is not None and source is not None else None
+    known = seen.get(lookup) if lookup is not None else None
     return known[1] if known is not None and source.startswith(known[0], start) else None
 
 

@@ -6,7 +6,7 @@ request: record() only queues; a writer thread does the SQL.  sqlite3 is
 imported when a log is opened, so a Python built without it still starts:
 RequestLog() then raises ImportError and the app runs with no request log.
 
-May import: nothing (the standard library only).
+May import: files.
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import math
 import os
 import threading
 import time
+
+from .files import retry_while_locked
 
 log = logging.getLogger("ragproxy")
 
@@ -309,27 +311,18 @@ class RequestLog:
         if start:
             self.start()
 
-    def _prepare(self, attempts=8):
-        """WAL mode and the schema, tried again while another process is doing the same.
-
-        Processes opening a new log at once (serve's workers start together; the CLI beside
-        serve) meet "database is locked" from the switch to WAL, where SQLite calls no busy
-        handler: 3 in 50 rounds of four at once, before these retries.
-        """
-        import sqlite3  # here: see the module docstring
-        for attempt in range(attempts):
-            try:
-                self._conn.execute("PRAGMA journal_mode=WAL")
-                self._conn.execute("PRAGMA synchronous=NORMAL")
-                with self._conn:
-                    self._conn.executescript(_REQLOG_SCHEMA)
-                    self._add_columns()
-                    self._conn.execute(f"PRAGMA user_version={_REQLOG_SCHEMA_VERSION}")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or attempt == attempts - 1:
-                    raise
-                time.sleep(0.01 * 2 ** attempt)   # 2.55 s in all
+    def _prepare(self):
+        """WAL mode and the schema, tried again while another process is doing the same
+        (files.retry_while_locked): four processes opening a new log at once failed 3 rounds
+        in 50 before the retries."""
+        def prepare():
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            with self._conn:
+                self._conn.executescript(_REQLOG_SCHEMA)
+                self._add_columns()
+                self._conn.execute(f"PRAGMA user_version={_REQLOG_SCHEMA_VERSION}")
+        retry_while_locked(prepare)
 
     def _add_columns(self):
         """A database made by an older version gets the columns added since (its rows read NULL there)."""
