@@ -143,9 +143,28 @@ def _part_kind(part):
 
 
 def _is_human(fmt, item):
-    if _entry_role(fmt, item) != "user":
+    # Written out, not through _entry_role and _part_text: every request of an agent
+    # loop asks this of each entry after its human turn, mostly tool results.
+    if not isinstance(item, dict) or item.get("role") != "user" or \
+            (fmt.typed_items and item.get("type", "message") != "message"):
         return False
-    texts = [text for text in map(_part_text, _content_parts(item.get("content"))) if text is not None]
+    content = item.get("content")
+    if isinstance(content, str):
+        texts = (content,)
+    elif isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict):
+                kind, text = part.get("type"), part.get("text")
+                # Both from the client: a list where a string belongs must not reach the set.
+                if isinstance(kind, str) and kind in _TEXT_PART_TYPES and isinstance(text, str):
+                    texts.append(text)
+        if not texts:   # tool results alone
+            return False
+    else:
+        return False
     # The human words of Claude Code's turn follow its <system-reminder> parts: looked at first,
     # they spare the harness pattern a scan of each reminder on every request of an agent loop.
     return any(map(_opens_with_words, texts)) or any(_strip_harness(text).strip() for text in texts)

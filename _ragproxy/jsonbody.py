@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import marshal
+import operator
 import re
 import threading
 from collections import OrderedDict
@@ -577,6 +578,9 @@ def with_edits(body, payload, paths, members=None, encoded=None, parts=False):
         raise ClientError(400, "request body is nested too deeply") from None
 
 
+_start_of = operator.itemgetter(0)
+
+
 def _with_edits(body, payload, paths, members=None, encoded=None, parts=False):
     expand = {path[0] for path in paths if len(path) > 1}
     if members is None or members.body is not body or not expand <= members.expand:
@@ -584,7 +588,7 @@ def _with_edits(body, payload, paths, members=None, encoded=None, parts=False):
     if members.spans is None:
         return None
     text, spans, close = members.text, members.spans, members.close
-    last = max((span[1] for span in spans.values()), default=close)  # new members go after it
+    last = None   # where new members go: after the last one, looked for when there is one
     edits = []  # (start, end, new text), for splicing in order
     for path in dict.fromkeys(paths):
         key = path[0]
@@ -594,6 +598,8 @@ def _with_edits(body, payload, paths, members=None, encoded=None, parts=False):
         if key not in spans:  # a member the body did not have goes last
             if len(path) > 1:
                 return None
+            if last is None:
+                last = max((span[1] for span in spans.values()), default=close)
             edits.append((last, last, ("," if spans else "") + json_text(key) + ":" + json_text(value)))
             continue
         span = spans[key]
@@ -608,9 +614,10 @@ def _with_edits(body, payload, paths, members=None, encoded=None, parts=False):
             value = value[path[1]]
         known = encoded.get(path) if encoded else None
         edits.append((start, end, known[1] if known is not None and known[0] is value else json_text(value)))
-    edits.sort(key=lambda edit: edit[0])
-    if any(start < end for (_, end, _), (start, _, _) in zip(edits, edits[1:])):
-        return None   # a whole value and an entry of it both named: nothing to gain
+    if len(edits) > 1:   # one, the usual injection, is in order already
+        edits.sort(key=_start_of)
+        if any(start < end for (_, end, _), (start, _, _) in zip(edits, edits[1:])):
+            return None   # a whole value and an entry of it both named: nothing to gain
     if members.ascii:   # the body's own bytes between the edits, as they came
         try:
             news = [new.encode("utf-8") for _, _, new in edits]
