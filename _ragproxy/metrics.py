@@ -118,7 +118,10 @@ class _PromCounter(_MetricFamily):
     def inc(self, amount=1.0, /, **labels):
         if amount < 0:
             raise ValueError(f"{self.name}: counters only go up (got {amount})")
-        key = self._key(labels)
+        self._add(self._key(labels), amount)
+
+    def _add(self, key, amount):
+        """inc() for a label tuple already made and an amount known not to be negative."""
         with self._lock:
             if key not in self._series and len(self._series) >= _METRICS_MAX_SERIES:
                 self.overflow += 1
@@ -200,8 +203,11 @@ class _PromHistogram(_MetricFamily):
         self.buckets = tuple(bounds)
 
     def observe(self, value, /, **labels):
+        self._observe(self._key(labels), value)
+
+    def _observe(self, key, value):
+        """observe() for a label tuple already made (observe_request's own stage names)."""
         value = float(value)
-        key = self._key(labels)
         # bisect_left: the first bound >= value, since a bucket counts value <= le.
         slot = bisect.bisect_left(self.buckets, value)
         with self._lock:
@@ -447,22 +453,23 @@ class Metrics:
         """Update the request families from one request-log entry dict (see REQUEST_LOG_FIELDS)."""
         outcome = entry.get("outcome") or "none"
         status = entry.get("status")
-        self._families["ragproxy_requests_total"].inc(
-            model=entry.get("model") or "", outcome=outcome, status="" if status is None else str(status))
+        # Label tuples made here, not by inc() and observe(): this runs on every request.
+        self._families["ragproxy_requests_total"]._add(
+            (str(entry.get("model") or ""), str(outcome), "" if status is None else str(status)), 1.0)
         if outcome in RETRIEVAL_ATTEMPTED:
-            stages = dict(entry.get("retrieval_stages") or {})
-            if "total" not in stages and entry.get("retrieval_ms") is not None:
-                stages["total"] = float(entry["retrieval_ms"]) / 1000.0
             retrieval = self._families["ragproxy_retrieval_seconds"]
+            stages = entry.get("retrieval_stages") or {}
             for stage, seconds in stages.items():
                 if seconds is not None:
-                    retrieval.observe(seconds, stage=stage)
+                    retrieval._observe((str(stage),), seconds)
+            if "total" not in stages and entry.get("retrieval_ms") is not None:
+                retrieval._observe(("total",), float(entry["retrieval_ms"]) / 1000.0)
             if entry.get("context_tokens") is not None:
-                self._families["ragproxy_context_tokens"].observe(entry["context_tokens"])
+                self._families["ragproxy_context_tokens"]._observe((), entry["context_tokens"])
         self._observe_guardrails(entry)
         if entry.get("upstream_ms") is not None and entry.get("upstream"):
-            self._families["ragproxy_upstream_seconds"].observe(
-                float(entry["upstream_ms"]) / 1000.0, provider=entry["upstream"])
+            self._families["ragproxy_upstream_seconds"]._observe(
+                (str(entry["upstream"]),), float(entry["upstream_ms"]) / 1000.0)
 
     def _observe_guardrails(self, entry):
         findings = self._families["ragproxy_guard_findings_total"]
