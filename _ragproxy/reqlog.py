@@ -156,8 +156,13 @@ def _kbs_text(value):
     return ",".join(str(k) for k in value) or None
 
 
+# One encoder for every row: json.dumps given options builds an encoder on each call,
+# and a row has a few of these columns.
+_encode_json = json.JSONEncoder(default=str, sort_keys=True).encode
+
+
 def _json_or_none(value):
-    return None if value is None else json.dumps(value, default=str, sort_keys=True)
+    return None if value is None else _encode_json(value)
 
 
 def _row_values(entry, log_query):
@@ -172,7 +177,7 @@ def _row_values(entry, log_query):
         _kbs_text(entry.get("kbs")),
         _text_or_none(entry.get("retrieval_mode")),
         _text_or_none(entry.get("outcome")),
-        json.dumps(list(chunk_ids) if chunk_ids else [], default=str),
+        _encode_json(list(chunk_ids) if chunk_ids else []),
         _number_or_none(entry.get("context_tokens"), int),
         _number_or_none(entry.get("retrieval_ms")),
         _number_or_none(entry.get("upstream_ms")),
