@@ -520,9 +520,13 @@ class Retriever:
             names = exchange.kb_override
         else:
             names = list(exchange.route.kb)
-            kept = [n for n in names if key_allows_kb(key, n)]
+            if key_scope(key) == "*":   # the usual: no scope to cut the mapping down to
+                kept, left_out = names, []
+            else:
+                kept = [n for n in names if key_allows_kb(key, n)]
+                left_out = [n for n in names if n not in kept]
             self._check_known(kept)
-            return kept, [n for n in names if n not in kept]
+            return kept, left_out
         self._check_known(names)
         outside = [n for n in names if not key_allows_kb(key, n)]
         if outside:
