@@ -27,6 +27,17 @@ fake upstream and KB are proxy_overhead.py's (the 80k-chunk KB by default,
 built once into --cache-dir).  The request log's writer thread and the
 indexer are not in the figure (other threads).
 
+--instructions counts instead of timing: each worker runs under valgrind's
+cachegrind (which must be installed), twice per side and version, with
+--requests and with four times as many after the warm-up, and the extra
+requests' share of the difference is printed: instructions, first-level
+instruction and data cache misses per request, of the whole process (the
+request log's writer thread is in these).  The same code gives the same
+count to within about 1%, run after run and whatever else the machine does,
+where thread CPU scatters by tens of microseconds: what a cut of a few
+microseconds needs.  About fifty times slower than running natively: use
+--requests 100.
+
 --threads N calls App.handle from N threads at once, each with questions of
 its own, and reads the process's CPU clock instead (the request log's writer
 and the garbage collector are then in the figure) and its context switches
@@ -186,9 +197,10 @@ def _in_threads(one, scenario, side, count, threads):
 
 
 class Worker:
-    """A worker process for one ragproxy.py, with its own copy of the KB."""
+    """A worker process for one ragproxy.py, with its own copy of the KB; ``wrapper``, a command
+    it runs under (cachegrind's)."""
 
-    def __init__(self, opts, script, label, upstream_port, workdir, kb, profile_out):
+    def __init__(self, opts, script, label, upstream_port, workdir, kb, profile_out, wrapper=()):
         data, section, self.kb_facts = po.prepare_kb(kb, opts, script, workdir)
         config = os.path.join(data, "request_cpu.yaml")
         with open(config, "w", encoding="utf-8") as f:
@@ -202,7 +214,7 @@ class Worker:
         env = dict(os.environ, RAGPROXY_SECRET_KEY="bench-secret")
         env.pop("RAGPROXY_CHECK_SHARED", None)   # a copy per use: not what a user's proxy spends
         self.label, self.script = label, script
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        self.proc = subprocess.Popen(list(wrapper) + argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      bufsize=1)
         if self.proc.stdout.readline().strip() != "ready":
             self.stop()
@@ -217,13 +229,62 @@ class Worker:
             raise RuntimeError(f"worker for {self.script} failed on {scenario} {side} (its stderr says why)")
         return float(answer[1]), int(answer[2]), float(answer[3])
 
-    def stop(self):
+    def stop(self, timeout=30):
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=timeout)
             except Exception:
                 self.proc.kill()
+
+
+# The caches cachegrind simulates, the same on every machine so that counts compare: a common
+# first level (32 KB, 8-way, 64-byte lines, for instructions and for data) and a last level of 32 MB.
+_SIMULATED_CACHES = ("--I1=32768,8,64", "--D1=32768,8,64", "--LL=33554432,16,64")
+
+# cachegrind's events as --instructions reports them: (heading, the events summed).
+_COUNTED = (("instructions", ("Ir",)), ("I1 misses", ("I1mr",)), ("D1 misses", ("D1mr", "D1mw")))
+
+
+def cachegrind_totals(path):
+    """``{event: count}`` from a cachegrind output file's ``events:`` and ``summary:`` lines."""
+    events = summary = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("events:"):
+                events = line.split()[1:]
+            elif line.startswith("summary:"):
+                summary = [int(n) for n in line.split()[1:]]
+    if not events or summary is None or len(summary) != len(events):
+        raise RuntimeError(f"{path} is not a complete cachegrind output file")
+    return dict(zip(events, summary))
+
+
+def count_instructions(opts, labels, upstream_port, workdir, pairs):
+    """``({(scenario, side, label): {heading: per request}}, KB facts)`` from two cachegrind runs of each
+    (--instructions): what ``3 * --requests`` more requests added, divided among them, so that start-up and
+    warm-up cancel out."""
+    figures, facts = {}, None
+    for label, script in zip(labels, opts.ragproxy):
+        for scenario, side in pairs:
+            totals = []
+            for count in (opts.requests, 4 * opts.requests):
+                out = os.path.join(workdir, f"cachegrind-{label}-{scenario}-{side}-{count}.out")
+                wrapper = [opts.valgrind, "-q", "--tool=cachegrind", "--cache-sim=yes", *_SIMULATED_CACHES,
+                           f"--cachegrind-out-file={out}"]
+                worker = Worker(opts, script, label, upstream_port, workdir, opts.kb, None, wrapper)
+                facts = facts or worker.kb_facts
+                try:
+                    worker.batch(scenario, side, opts.warmup, warm=True)
+                    worker.batch(scenario, side, count)
+                finally:
+                    worker.stop(timeout=600)   # exiting under valgrind takes a while; the file is written last
+                totals.append(cachegrind_totals(out))
+            extra = 3 * opts.requests
+            figures[scenario, side, label] = {
+                heading: sum(totals[1].get(e, 0) - totals[0].get(e, 0) for e in events) / extra
+                for heading, events in _COUNTED}
+    return figures, facts
 
 
 def _parse_args(argv):
@@ -248,6 +309,9 @@ def _parse_args(argv):
                    help="threads calling App.handle at once (default 1); above 1 the process's CPU is read")
     p.add_argument("--gc-threshold", type=int, default=None, metavar="N",
                    help="the garbage collector's generation-0 threshold in every worker (default: as serve sets it)")
+    p.add_argument("--instructions", action="store_true",
+                   help="count instructions and cache misses per request under cachegrind instead of timing")
+    p.add_argument("--valgrind", default="valgrind", help="with --instructions: the valgrind to run (default valgrind)")
     p.add_argument("--profile", choices=SIDES, help="cProfile this side's batches (thread CPU time)")
     p.add_argument("--profile-out", help="with --profile: the stats file (one per version: .1, .2, ... added)")
     p.add_argument("--json", action="store_true", help="also print one JSON line with every figure")
@@ -268,6 +332,10 @@ def _parse_args(argv):
         p.error("--threads takes 1 to 64")
     if opts.profile and opts.threads > 1:
         p.error("--profile profiles one thread: use it with --threads 1")
+    if opts.instructions and (opts.threads > 1 or opts.profile):
+        p.error("--instructions counts one thread's requests, unprofiled: not with --threads or --profile")
+    if opts.instructions and opts.role is None and shutil.which(opts.valgrind) is None:
+        p.error(f"--instructions needs valgrind: no {opts.valgrind} on PATH (--valgrind)")
     return opts
 
 
@@ -283,8 +351,12 @@ def main(argv=None):
           + ("one request at a time)" if opts.threads == 1 else f"{opts.threads} threads at once)"))
     for label, script in zip(labels, opts.ragproxy):
         print(f"  {label}: {po.version_line(opts.python, script, False)}")
-    print(f"  {opts.rounds} batches of {opts.requests} requests per side and version, interleaved, after "
-          f"{opts.warmup} warm-up requests; the median batch's {clock} CPU per request")
+    if opts.instructions:
+        print(f"  under cachegrind, per side and version: {opts.requests} and {4 * opts.requests} requests after "
+              f"{opts.warmup} warm-up requests, each in a fresh worker; the difference per extra request")
+    else:
+        print(f"  {opts.rounds} batches of {opts.requests} requests per side and version, interleaved, after "
+              f"{opts.warmup} warm-up requests; the median batch's {clock} CPU per request")
     print("  garbage collector threshold: "
           + (f"{opts.gc_threshold} in every worker" if opts.gc_threshold is not None else "as each version's serve")
           + "; thread switch interval: as each version's serve")
@@ -293,6 +365,10 @@ def main(argv=None):
     try:
         upstream = po.Child([opts.python, os.path.join(HERE, "proxy_overhead.py"), "--role", "upstream"],
                             dict(os.environ), None, "fake upstream")
+        pairs = [(scenario, side) for scenario in opts.scenario_list for side in opts.side_list]
+        if opts.instructions:
+            report_instructions(opts, labels, pairs, *count_instructions(opts, labels, upstream.port, workdir, pairs))
+            return 0
         for n, (label, script) in enumerate(zip(labels, opts.ragproxy), 1):
             out = None
             if opts.profile:
@@ -301,7 +377,6 @@ def main(argv=None):
         facts = workers[0].kb_facts
         print(f"  KB {opts.kb}: {facts['chunks']} chunks from {facts['docs']} documents of "
               f"{' + '.join(facts['corpora'])}")
-        pairs = [(scenario, side) for scenario in opts.scenario_list for side in opts.side_list]
         for worker in workers:
             for scenario, side in pairs:
                 worker.batch(scenario, side, opts.warmup, warm=True)
@@ -337,9 +412,24 @@ def main(argv=None):
     return 0
 
 
+def report_instructions(opts, labels, pairs, figures, facts):
+    print(f"  KB {opts.kb}: {facts['chunks']} chunks from {facts['docs']} documents of "
+          f"{' + '.join(facts['corpora'])}")
+    for heading, _ in _COUNTED:
+        print_table(pairs, labels, {key: [counts[heading]] for key, counts in figures.items()},
+                    f"{heading} per request", ".0f")
+    if opts.json:
+        rows = [dict({"scenario": scenario, "side": side, "version": label, "script": script},
+                     **{heading.replace(" ", "_"): round(figures[scenario, side, label][heading], 1)
+                        for heading, _ in _COUNTED})
+                for scenario, side in pairs for label, script in zip(labels, opts.ragproxy)]
+        print(json.dumps({"bench": "request_cpu", "measure": "instructions", "python": sys.version.split()[0],
+                          "kb": facts, "requests": opts.requests, "results": rows}, separators=(",", ":")))
+
+
 def print_table(pairs, labels, figures, title, number=".1f"):
     """Medians by scenario and side; with two versions, the second's change from the first."""
-    header = f"{'scenario':<9}{'side':<8}" + "".join(f"{label:>12}" for label in labels)
+    header = f"{'scenario':<9}{'side':<11}" + "".join(f"{label:>12}" for label in labels)
     if len(labels) == 2:
         header += f"{'change':>12}"
     print()
@@ -347,7 +437,7 @@ def print_table(pairs, labels, figures, title, number=".1f"):
     print(header)
     for scenario, side in pairs:
         medians = [statistics.median(figures[scenario, side, label]) for label in labels]
-        row = f"{scenario:<9}{side:<8}" + "".join(f"{m:>12{number}}" for m in medians)
+        row = f"{scenario:<9}{side:<11}" + "".join(f"{m:>12{number}}" for m in medians)
         if len(labels) == 2:
             row += f"{(medians[1] - medians[0]) / medians[0] * 100:>+11.1f}%" if medians[0] else f"{'':>12}"
         print(row)

@@ -516,3 +516,56 @@ def test_guardrails_times_screening_and_counts_what_the_guard_flags(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["requests"] == 20 and result["chunks"] >= 1 and result["flagged"] >= 1
     assert result["request_p50_ms"] <= result["request_p95_ms"]
+
+
+_STAND_IN_VALGRIND = '''#!{python}
+"""valgrind's command line, cachegrind's output file: counts that follow the requests the worker is sent."""
+import subprocess, sys
+args = sys.argv[1:]
+first = next(i for i, arg in enumerate(args) if not arg.startswith("-"))
+out = next(arg.split("=", 1)[1] for arg in args[:first] if arg.startswith("--cachegrind-out-file="))
+worker = subprocess.Popen(args[first:], stdin=subprocess.PIPE, text=True, bufsize=1)
+served = warm = 0
+for line in sys.stdin:
+    scenario, side, count, *warmup = line.split()
+    if warmup:
+        warm += int(count)
+    else:
+        served += int(count)
+    worker.stdin.write(line)
+    worker.stdin.flush()
+worker.stdin.close()
+worker.wait()
+with open(out, "w") as f:
+    f.write("desc: I1 cache: 32768 B, 64 B, 8-way associative\\n")
+    f.write("events: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw\\n")
+    f.write("summary: %d %d 0 0 %d 0 0 %d 0\\n" % (10 ** 9 + 7 * served + 5 * warm, 3 * served, 2 * served, served))
+'''
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_EVAL, "scifact")),
+                    reason="the shared eval collections are not beside the checkout")
+def test_request_cpu_counts_instructions_per_request_from_two_runs_under_cachegrind(tmp_path):
+    # A stand-in for valgrind (CI has none): real workers serve the requests, and the counts it writes grow
+    # by 7 instructions, 3 I1 and 3 D1 misses a request served, after a start-up and a warm-up that cancel out.
+    valgrind = tmp_path / "valgrind"
+    valgrind.write_text(_STAND_IN_VALGRIND.format(python=sys.executable))
+    valgrind.chmod(0o755)
+    proc = run_script("request_cpu.py", "--instructions", "--valgrind", str(valgrind), "--kb-docs", "40",
+                      "--requests", "5", "--warmup", "3", "--cache-dir", str(tmp_path), "--json",
+                      "--scenarios", "claude", "--sides", "pass-round,cached")
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    assert report["measure"] == "instructions" and report["requests"] == 5
+    rows = {(r["side"], r["version"]): r for r in report["results"]}
+    assert set(rows) == {("pass-round", "ragproxy"), ("cached", "ragproxy")}
+    for row in rows.values():
+        assert (row["instructions"], row["I1_misses"], row["D1_misses"]) == (7, 3, 3)
+    assert "instructions per request" in proc.stdout and "D1 misses per request" in proc.stdout
+
+
+def test_request_cpu_instructions_need_valgrind_and_one_unprofiled_thread(tmp_path):
+    missing = run_script("request_cpu.py", "--instructions", "--valgrind", str(tmp_path / "no-valgrind"))
+    assert missing.returncode == 2 and "needs valgrind" in missing.stderr
+    threads = run_script("request_cpu.py", "--instructions", "--threads", "2")
+    assert threads.returncode == 2 and "not with --threads" in threads.stderr
