@@ -214,8 +214,8 @@ class Worker:
         env = dict(os.environ, RAGPROXY_SECRET_KEY="bench-secret")
         env.pop("RAGPROXY_CHECK_SHARED", None)   # a copy per use: not what a user's proxy spends
         self.label, self.script = label, script
-        self.proc = subprocess.Popen(list(wrapper) + argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     bufsize=1)
+        self.proc = subprocess.Popen(list(wrapper) + argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, bufsize=1)
         if self.proc.stdout.readline().strip() != "ready":
             self.stop()
             raise RuntimeError(f"worker for {script} did not start")
