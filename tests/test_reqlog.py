@@ -5,6 +5,7 @@ the last tests drive a proxy on real sockets and check that each call is
 logged and counted in /metrics.  The metrics registry itself is
 test_metrics's.
 """
+import contextlib
 import random
 import sqlite3
 import threading
@@ -71,6 +72,19 @@ def test_records_round_trip_through_the_queue(open_log):
     assert row["status"] == 200 and row["streamed"] is True and row["error"] is None
     assert rl.get(row["id"]) == row
     assert rl.get(row["id"] + 1) is None
+
+
+def test_empty_columns_are_sql_nulls_in_the_log_and_for_every_other_sqlite3_user(open_log, tmp_path):
+    # The log registers sqlite3's adapter for None, process-wide: it must bind NULL as before.
+    rl = open_log()
+    rl.record(entry(kbs=None, retrieval_mode=None, context_tokens=None, query=None))
+    assert rl.flush()
+    with contextlib.closing(sqlite3.connect(rl.path)) as conn:
+        nulls = conn.execute("SELECT kbs IS NULL, retrieval_mode IS NULL, context_tokens IS NULL, error IS NULL, "
+                             "typeof(model) FROM requests").fetchall()
+    assert nulls == [(1, 1, 1, 1, "text")]
+    with contextlib.closing(sqlite3.connect(str(tmp_path / "other.db"))) as other:
+        assert other.execute("SELECT ? IS NULL, typeof(?)", (None, None)).fetchone() == (1, "null")
 
 
 def test_time_is_stamped_from_the_clock_when_absent(open_log, clock):
