@@ -213,6 +213,10 @@ class Worker:
             argv += ["--profile", opts.profile, "--profile-out", profile_out]
         env = dict(os.environ, RAGPROXY_SECRET_KEY="bench-secret")
         env.pop("RAGPROXY_CHECK_SHARED", None)   # a copy per use: not what a user's proxy spends
+        if wrapper:
+            # OpenBLAS's idle threads spin under valgrind for as long as the run lasts (natively they
+            # sleep), which would count as the requests' instructions: one thread does the same work.
+            env["OPENBLAS_NUM_THREADS"] = "1"
         self.label, self.script = label, script
         self.proc = subprocess.Popen(list(wrapper) + argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, bufsize=1)
