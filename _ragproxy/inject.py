@@ -127,8 +127,10 @@ def _part_type(part):
 def _part_text(part):
     if isinstance(part, str):
         return part
-    if _part_type(part) in _TEXT_PART_TYPES and isinstance(part.get("text"), str):
-        return part["text"]
+    if isinstance(part, dict):   # _part_type written out: asked of every part after a human turn
+        kind, text = part.get("type"), part.get("text")
+        if isinstance(kind, str) and kind in _TEXT_PART_TYPES and isinstance(text, str):
+            return text
     return None
 
 
@@ -143,28 +145,9 @@ def _part_kind(part):
 
 
 def _is_human(fmt, item):
-    # Written out, not through _entry_role and _part_text: every request of an agent
-    # loop asks this of each entry after its human turn, mostly tool results.
-    if not isinstance(item, dict) or item.get("role") != "user" or \
-            (fmt.typed_items and item.get("type", "message") != "message"):
+    if _entry_role(fmt, item) != "user":
         return False
-    content = item.get("content")
-    if isinstance(content, str):
-        texts = (content,)
-    elif isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, dict):
-                kind, text = part.get("type"), part.get("text")
-                # Both from the client: a list where a string belongs must not reach the set.
-                if isinstance(kind, str) and kind in _TEXT_PART_TYPES and isinstance(text, str):
-                    texts.append(text)
-        if not texts:   # tool results alone
-            return False
-    else:
-        return False
+    texts = [text for text in map(_part_text, _content_parts(item.get("content"))) if text is not None]
     # The human words of Claude Code's turn follow its <system-reminder> parts: looked at first,
     # they spare the harness pattern a scan of each reminder on every request of an agent loop.
     return any(map(_opens_with_words, texts)) or any(_strip_harness(text).strip() for text in texts)
