@@ -676,6 +676,22 @@ def retrieval_outcomes(port):
     return counts
 
 
+# serve --workers' workers each count their own requests and see a peer's as of its last flush
+# (metricsshare: once a second), so a slice's counts can take that long to show in /metrics.
+METRICS_SETTLE_SECONDS = 3.0
+
+
+def settled_outcomes(port, before, answered, patience=METRICS_SETTLE_SECONDS):
+    """retrieval_outcomes once they hold the ``answered`` requests sent since ``before`` was read (at
+    most ``patience`` seconds on): read at once, a second worker's would land on the next slice's side."""
+    deadline = time.monotonic() + patience
+    while True:
+        counts = retrieval_outcomes(port)
+        if sum(counts.values()) - sum(before.values()) >= answered or time.monotonic() >= deadline:
+            return counts
+        time.sleep(0.05)
+
+
 # --------------------------------------------------------------------------
 # The load generator
 
@@ -823,8 +839,9 @@ def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps,
     """Closed-loop load on 127.0.0.1:port; per-request figures from after the warm-up.
 
     Returns latencies (s), first-event times (s), per-event delays (ns), errors,
-    the measured wall time, the CPU seconds each watched process used in it and
-    how many measured answers said ragproxy injected context (X-Ragproxy-Sources).
+    the measured wall time, the CPU seconds each watched process used in it,
+    how many measured answers said ragproxy injected context (X-Ragproxy-Sources)
+    and how many answers came in all, the warm-up's and errors included.
     """
     sel = selectors.DefaultSelector()
     conns = []
@@ -835,7 +852,7 @@ def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps,
         conns.append(conn)
         sel.register(sock, selectors.EVENT_READ, conn)
     latencies, firsts, delays = [], [], []
-    errors, first_error, injected = 0, None, 0
+    errors, first_error, injected, answered = 0, None, 0, 0
     clock = time.perf_counter
     start = clock()
     measure_from = start + warmup
@@ -869,6 +886,7 @@ def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps,
             now = clock()
             if not conn.feed(data, now, wall, want_stamps):
                 continue
+            answered += 1
             if conn.status != 200:
                 errors += 1
                 if first_error is None:
@@ -895,7 +913,7 @@ def run_load(port, payload, clients, seconds, max_requests, warmup, want_stamps,
     sel.close()
     if first_error:
         print(f"  first error from port {port}: {first_error!r}", file=sys.stderr)
-    return latencies, firsts, delays, errors, elapsed, cpu, injected
+    return latencies, firsts, delays, errors, elapsed, cpu, injected, answered
 
 
 def _delta(after, before):
@@ -961,12 +979,12 @@ def run_scenario(name, targets, clients, opts, upstream):
                 watch["proxy"] = child.pid
             port = child.port if child is not None else upstream.port
             before = retrieval_outcomes(port) if side.ragproxy else None
-            lat, first, delays, errors, elapsed, cpu, injected = run_load(
+            lat, first, delays, errors, elapsed, cpu, injected, answered = run_load(
                 port, payloads[side.label], clients, opts.seconds / opts.rounds, per_round, opts.warmup, stamped,
                 watch)
             if before is not None:   # the warm-up's requests count here too
                 after = outcomes[side.label]
-                for outcome, n in retrieval_outcomes(port).items():
+                for outcome, n in settled_outcomes(port, before, answered).items():
                     if n - before.get(outcome, 0):
                         after[outcome] = after.get(outcome, 0) + n - before.get(outcome, 0)
             all_lat, all_first, all_delays, totals, all_cpu = samples[side.label]

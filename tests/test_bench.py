@@ -291,6 +291,24 @@ def test_proxy_overhead_runs_every_side_with_a_compare_copy_and_workers():
     assert "compare-1: " + ragproxy.__file__ in proc.stdout
 
 
+def test_proxy_overhead_counts_each_sides_retrieval_outcomes_with_workers_too(tmp_path):
+    # With serve --workers 2 the worker that answers /metrics sees its peer's counts up to a flush late:
+    # the pass-through slice's must not turn up in the new-question slice after it, nor the reverse.
+    proc = run_script("proxy_overhead.py", "--scenarios", "chat", "--clients", "2", "--requests", "20",
+                      "--rounds", "3", "--warmup", "0", "--json", "--kb-docs", "40", "--cache-dir", str(tmp_path),
+                      "--compare-workers", "2", "--sides", "ragproxy,fresh")
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    rows = {r["path"]: r for r in report["results"]}
+    fresh_label = next(path for path in rows if path.startswith("fresh-"))
+    for passing, fresh in ((rows["ragproxy"], rows[fresh_label]), (rows["w2"], rows["w2-" + fresh_label])):
+        assert set(passing["outcomes"]) == {"none"} and set(fresh["outcomes"]) == {"retrieved"}, rows
+        # Every answer is counted: the measured ones and each connection's first of a slice, sent
+        # before measuring began.
+        for row in (passing, fresh):
+            assert sum(row["outcomes"].values()) == row["requests"] + 2 * 3, row
+
+
 def _descendants(pid):
     children = {}
     for entry in os.listdir("/proc"):
