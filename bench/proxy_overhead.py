@@ -676,20 +676,38 @@ def retrieval_outcomes(port):
     return counts
 
 
-# serve --workers' workers each count their own requests and see a peer's as of its last flush
-# (metricsshare: once a second), so a slice's counts can take that long to show in /metrics.
-METRICS_SETTLE_SECONDS = 3.0
+class OutcomeTally:
+    """What each ragproxy port's slices did by retrieval outcome: the difference of its /metrics.
 
+    serve --workers' workers each count their own requests and see a peer's as of
+    its last flush (metricsshare: once a second), and two reads of /metrics may be
+    answered by different workers.  No worker's view counts more than was served,
+    so a view holding every answer since the last complete one is complete too:
+    each slice's counts are read until they are, and the next slice starts from
+    them rather than from another read, which a peer's late flush could leave short.
+    """
 
-def settled_outcomes(port, before, answered, patience=METRICS_SETTLE_SECONDS):
-    """retrieval_outcomes once they hold the ``answered`` requests sent since ``before`` was read (at
-    most ``patience`` seconds on): read at once, a second worker's would land on the next slice's side."""
-    deadline = time.monotonic() + patience
-    while True:
-        counts = retrieval_outcomes(port)
-        if sum(counts.values()) - sum(before.values()) >= answered or time.monotonic() >= deadline:
-            return counts
-        time.sleep(0.05)
+    SETTLE_SECONDS = 3.0   # at most this long on, after which the counts are taken as they are
+
+    def __init__(self, read=None):
+        self._read = read or retrieval_outcomes
+        self._last = {}
+
+    def start(self, port):
+        if port not in self._last:   # nothing sent to it yet: no count can be in flight
+            self._last[port] = self._read(port)
+
+    def finish(self, port, answered):
+        """The outcomes of the ``answered`` requests sent to ``port`` since the last start or finish."""
+        before = self._last[port]
+        deadline = time.monotonic() + self.SETTLE_SECONDS
+        while True:
+            counts = self._read(port)
+            if sum(counts.values()) - sum(before.values()) >= answered or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        self._last[port] = counts
+        return {outcome: n - before.get(outcome, 0) for outcome, n in counts.items() if n - before.get(outcome, 0)}
 
 
 # --------------------------------------------------------------------------
@@ -958,8 +976,9 @@ def side_payload(side, name, opts, upstream_port, model, stream):
     return request_bytes(port, stream, opts.prompt_bytes, model, side.tool_round, auth, side.fresh)
 
 
-def run_scenario(name, targets, clients, opts, upstream):
-    """Run one scenario at one client count against every target (Side); return result dicts."""
+def run_scenario(name, targets, clients, opts, upstream, tally):
+    """Run one scenario at one client count against every target (Side); return result dicts.
+    ``tally``: the OutcomeTally the ragproxy sides' slices are counted in."""
     stream = name in ("stream", "events") or (name == "claude" and opts.claude_stream)
     stamped = name == "events"
     model = f"{STAMPED_MODEL_PREFIX}{opts.events}" if stamped else "bench-model"
@@ -978,15 +997,15 @@ def run_scenario(name, targets, clients, opts, upstream):
             if child is not None:
                 watch["proxy"] = child.pid
             port = child.port if child is not None else upstream.port
-            before = retrieval_outcomes(port) if side.ragproxy else None
+            if side.ragproxy:
+                tally.start(port)
             lat, first, delays, errors, elapsed, cpu, injected, answered = run_load(
                 port, payloads[side.label], clients, opts.seconds / opts.rounds, per_round, opts.warmup, stamped,
                 watch)
-            if before is not None:   # the warm-up's requests count here too
+            if side.ragproxy:   # the warm-up's requests count here too
                 after = outcomes[side.label]
-                for outcome, n in settled_outcomes(port, before, answered).items():
-                    if n - before.get(outcome, 0):
-                        after[outcome] = after.get(outcome, 0) + n - before.get(outcome, 0)
+                for outcome, n in tally.finish(port, answered).items():
+                    after[outcome] = after.get(outcome, 0) + n
             all_lat, all_first, all_delays, totals, all_cpu = samples[side.label]
             all_lat += lat
             all_first += first
@@ -1517,6 +1536,7 @@ def main(argv=None):
             spy = _py_spy_start(watched.pid, opts.py_spy)
             time.sleep(0.5)
         runs = []   # each run's rows, every scenario's
+        tally = OutcomeTally()
         for run in range(opts.runs):
             if opts.runs > 1:
                 print(f"\n== run {run + 1} of {opts.runs}")
@@ -1524,7 +1544,7 @@ def main(argv=None):
             for name in opts.scenario_list:
                 rows = []
                 for clients in opts.client_counts:
-                    rows += run_scenario(name, targets, clients, opts, upstream)
+                    rows += run_scenario(name, targets, clients, opts, upstream, tally)
                 print_table(name, rows, opts, absent)
                 sys.stdout.flush()
                 runs[-1] += rows

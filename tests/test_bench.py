@@ -23,6 +23,7 @@ SHARED_EVAL = os.path.join(os.path.dirname(ROOT), "shared", "eval")
 sys.path.insert(0, BENCH)
 
 import eval_retrieval as ev  # noqa: E402
+import proxy_overhead as po  # noqa: E402
 
 
 def run_script(script, *args, env=None, timeout=600):
@@ -289,6 +290,47 @@ def test_proxy_overhead_runs_every_side_with_a_compare_copy_and_workers():
         assert "added_p50_ms" in rows[(scenario, "compare-1")] and "added_p50_ms" in rows[(scenario, "w2")]
     assert rows[("stream", "ragproxy")]["first_p50_ms"] is not None
     assert "compare-1: " + ragproxy.__file__ in proc.stdout
+
+
+class _TwoWorkers:
+    """serve --workers 2's /metrics as the bench reads it: each read is answered by the other worker,
+    with its own counts as they are and its peer's as of the peer's last flush; every third read
+    comes after both have flushed."""
+
+    def __init__(self):
+        self.own, self.flushed, self.reads = [{}, {}], [{}, {}], 0
+
+    def serve(self, worker, outcome, n):
+        self.own[worker][outcome] = self.own[worker].get(outcome, 0) + n
+
+    def read(self, port):
+        self.reads += 1
+        if self.reads % 3 == 0:
+            self.flushed = [dict(counts) for counts in self.own]
+        me = self.reads % 2
+        view = dict(self.own[me])
+        for outcome, n in self.flushed[1 - me].items():
+            view[outcome] = view.get(outcome, 0) + n
+        return view
+
+
+def test_outcome_tally_gives_each_slice_its_own_requests_when_a_worker_sees_its_peer_late():
+    workers = _TwoWorkers()
+    tally = po.OutcomeTally(workers.read)
+    tally.start(8100)
+    workers.serve(0, "cached", 10)
+    workers.serve(1, "cached", 10)
+    assert tally.finish(8100, 20) == {"cached": 20}
+    tally.start(8100)
+    workers.serve(0, "retrieved", 4)
+    workers.serve(1, "retrieved", 6)
+    workers.serve(1, "none", 1)   # an answer the load generator counted but another outcome
+    assert tally.finish(8100, 11) == {"retrieved": 10, "none": 1}
+    # What it reads before a slice is what it counted after the last: a read then could be a worker's
+    # stale view, and the difference would carry the last slice's late counts into this one.
+    reads = workers.reads
+    tally.start(8100)
+    assert workers.reads == reads
 
 
 def test_proxy_overhead_counts_each_sides_retrieval_outcomes_with_workers_too(tmp_path):
