@@ -211,7 +211,8 @@ class Admin:
             "config_path": self.config_file.path, "request_log": self.app.request_log is not None,
             # What the logs page filters by: retrieval's outcomes, then an MCP tool call's.
             "outcomes": list(dict.fromkeys(RETRIEVAL_OUTCOMES + MCP_OUTCOMES)),
-            "workers": self._workers()})
+            "workers": self._workers(),
+            "cpu_placement": self.app.placement.state() if self.app.placement is not None else None})
 
     def _workers(self):
         """The serving processes: this one's slot, and what the supervisor says of each (serve --workers)."""

@@ -721,20 +721,26 @@ class _ServeContext:
 
         from .admin import Admin
         from .configfile import ConfigFile, ConfigWatcher
+        from .placement import CpuPlacement
         from .proxy import App
         from .server import make_server
 
         gc.set_threshold(SERVE_GC_THRESHOLD, *gc.get_threshold()[1:])
         sys.setswitchinterval(SERVE_SWITCH_INTERVAL)
         app = App(self.config, data_dir=self.data_dir)
+        app.placement = placement = CpuPlacement(self.config.server["cpu_pinning"], slot or 0)
+        app.metrics.add_collector(placement.samples)
         config_file = ConfigFile(self.config_path, environ=self.environ, overrides=self.overrides)
         stopping = threading.Event()
         shared = self._share(app, slot, stopping) if slot is not None else {}
         app.admin = Admin(app, self.secret_key, config_file, **shared)
-        server = make_server(app, sock=self.sock)
+        server = make_server(app, sock=self.sock, placement=placement)
         watcher = ConfigWatcher(app, config_file)
         threading.Thread(target=watcher.run, name="config-watcher", daemon=True).start()
         app.knowledge_bases.start()
+        _log().info("%s", placement.describe())
+        if placement.cpu is not None:
+            threading.Thread(target=placement.run, args=(stopping,), name="cpu-placement", daemon=True).start()
 
         def stop(*_):
             if not stopping.is_set():

@@ -242,6 +242,8 @@ class ConfigWatcher:
         old = self.app.config
         if (config.server["host"], config.server["port"]) != (old.server["host"], old.server["port"]):
             log.warning("server.host/port changed in the config; restart ragproxy to listen there")
+        if config.server["cpu_pinning"] != old.server["cpu_pinning"]:
+            log.warning("server.cpu_pinning changed in the config; it takes effect when ragproxy restarts")
         if config.server["workers"] != old.server["workers"]:
             log.warning("server.workers changed in the config; restart ragproxy to run %d serving process(es)",
                         config.server["workers"])

@@ -5,7 +5,7 @@ may keep int8 or float16 rows, or one sign bit per dimension, scanned first
 and then re-scored exactly.  Functions of arrays only; the store keeps the
 arrays on disk and picks which search a generation gets.
 
-May import: deps, npy.
+May import: deps, npy, placement.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import operator
 import os
 import threading
 
-from . import deps
+from . import deps, placement
 from .npy import NpyArray
 
 
@@ -342,7 +342,11 @@ def _parallel_rows(n, block, scan):
         for start in range(lo, hi, block):
             scan(start, min(start + block, hi))
 
-    threads = [threading.Thread(target=run, args=(bounds[i], bounds[i + 1]), daemon=True)
+    def run_beside(lo, hi):
+        placement.free_thread()   # not on the one CPU of the connection thread that started it
+        run(lo, hi)
+
+    threads = [threading.Thread(target=run_beside, args=(bounds[i], bounds[i + 1]), daemon=True)
                for i in range(1, workers)]
     for thread in threads:
         thread.start()

@@ -339,6 +339,10 @@ _METRIC_FAMILIES = (
     ("gauge", "ragproxy_python_switch_interval_seconds",
      "How long a thread may hold the GIL while another waits for it (sys.getswitchinterval()): "
      "lowered by the serve command.", ()),
+    ("gauge", "ragproxy_serving_cpu",
+     "The CPU this process's connection threads are placed on (server.cpu_pinning); -1: not placed.", ()),
+    ("counter", "ragproxy_serving_cpu_moves_total",
+     "Times this process's connection threads moved to a less busy CPU.", ()),
 )
 #: The closed label sets of the MCP families: the MCP server's tools, and what a call came to
 #: ("denied": it named a knowledge base the caller's key may not read).

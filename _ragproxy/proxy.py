@@ -145,6 +145,8 @@ class App:
         # Set by a serve worker: its slot and where the supervisor writes every worker's state
         # (workers.Supervisor), for the admin API.  None: serving alone.
         self.worker = None
+        # Set by serve: which CPU its connection threads run on (placement.CpuPlacement), for the admin API.
+        self.placement = None
         self._mcp_lock = threading.Lock()
         self._routes = (None, {})  # (config, model name -> route): resolved once per config
         # What large bodies, and those retrieval reads, repeat of earlier ones: shared, read-only values.

@@ -193,6 +193,7 @@ SCHEMA = {
         "head_timeout": Field("number", 10.0, minimum=0.1),   # seconds for a whole request line + headers
         "max_connections": Field("int", 512, minimum=1),      # more get 503 (GET /health still answers)
         "workers": Field("int", 1, minimum=1),                # serving processes on the one port (see workers)
+        "cpu_pinning": Field("str", "auto", choices=("auto", "off")),   # connection threads on one CPU (placement)
         "reload_interval": Field("number", 2.0, minimum=0),
         "log_level": Field("str", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     },

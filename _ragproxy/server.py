@@ -525,11 +525,12 @@ class _Server(http.server.ThreadingHTTPServer):
     # reserve must not keep it from the next check for long.
     reserve_head_timeout = 2.0
 
-    def __init__(self, address, app, clock=time.monotonic, sock=None):
+    def __init__(self, address, app, clock=time.monotonic, sock=None, placement=None):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.app = app
         self.clock = clock  # for server.head_timeout
+        self.placement = placement  # enter_thread()/leave_thread() around each connection's thread
         self.hangups = _HangupWatcher()
         self._date = (None, "")
         self._lock = threading.Lock()
@@ -571,9 +572,14 @@ class _Server(http.server.ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request, client_address):
+        placement = self.placement
+        if placement is not None:
+            placement.enter_thread()
         try:
             super().process_request_thread(request, client_address)
         finally:
+            if placement is not None:
+                placement.leave_thread()
             with self._lock:
                 self.connections -= 1
 
@@ -629,13 +635,14 @@ class _Server(http.server.ThreadingHTTPServer):
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
-def make_server(app, host=DEFAULT_HOST, port=0, clock=time.monotonic, sock=None):
+def make_server(app, host=DEFAULT_HOST, port=0, clock=time.monotonic, sock=None, placement=None):
     """A bound (not yet serving) threaded HTTP server for ``app``; ``clock`` times request heads.
 
     With ``sock`` (from listening_socket), it serves that socket instead of binding one: the way
-    several worker processes serve one port.
+    several worker processes serve one port.  ``placement`` (a placement.CpuPlacement) places
+    each connection's thread on a CPU.
     """
-    return _Server((host, port), app, clock, sock)
+    return _Server((host, port), app, clock, sock, placement)
 
 
 def listening_socket(host=DEFAULT_HOST, port=0):

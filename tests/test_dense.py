@@ -1,6 +1,8 @@
 """Tests for dense search (section 9): exact top-k on both paths, and the scans
 behind the compact copies (int8/float16 blocks, sign-bit Hamming distances)."""
+import os
 import random
+import threading
 
 import pytest
 
@@ -95,3 +97,25 @@ def test_numpy_nearest_takes_the_smallest_distances_ties_to_lower_rows():
     ranked = sorted(range(len(dist)), key=lambda i: (int(dist[i]), i))
     for want in (1, 7, 100, 4999, 5000):
         assert sorted(dense._np_nearest(dist, want).tolist()) == sorted(ranked[:want])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs os.sched_setaffinity and two CPUs")
+def test_a_scan_started_by_a_connection_thread_on_one_cpu_runs_its_helpers_on_every_cpu():
+    everywhere = os.sched_getaffinity(0)
+    seen = {}
+
+    def scan(lo, hi):
+        seen.setdefault(threading.get_ident(), os.sched_getaffinity(0))
+
+    def connection():   # as placement.CpuPlacement places a connection thread
+        os.sched_setaffinity(0, {min(everywhere)})
+        dense._parallel_rows(2 * dense._SCAN_PARALLEL_ROWS, dense._SCAN_BLOCK, scan)
+        seen["caller"] = threading.get_ident()
+
+    thread = threading.Thread(target=connection)
+    thread.start()
+    thread.join(30)
+    caller = seen.pop("caller")
+    assert seen.pop(caller) == {min(everywhere)}
+    assert seen and all(cpus == everywhere for cpus in seen.values())

@@ -1086,6 +1086,9 @@ def test_the_dashboard_shows_every_worker_and_one_that_was_restarted(browser, tm
             expect(rows.nth(0)).to_contain_text(f"worker 0: pid {first[0]}")
             expect(rows.nth(1)).to_contain_text("restarted 1×, last was killed by SIGKILL")
             expect(card).to_contain_text("answered this page")
+            # Each worker places its connection threads on a CPU of its own (server.cpu_pinning: auto).
+            expect(panel.tid("overview-cpu")).to_have_text(
+                re.compile(r"connection threads on CPU [0-9]+|connection threads not placed: the process may use one CPU"))
             panel.shot("dashboard-workers")
     finally:
         assert serve.stop() == 0

@@ -5,11 +5,13 @@ Raw sockets, because client libraries hide exactly what is tested here.
 import json
 import logging
 import socket
+import threading
 import time
 
 import pytest
 
-from conftest import API_KEY, send_slowly
+import ragproxy
+from conftest import API_KEY, RunningProxy, proxy_config, send_slowly, wait_for
 
 
 def _connect(proxy):
@@ -718,3 +720,34 @@ def test_fuzzed_requests_get_well_formed_answers_below_500(make_proxy, fake, see
     sock = _connect(p)
     sock.sendall(_post("/v1/chat/completions", CHAT))
     assert _read_response(sock)[0] == 200   # and it serves on
+
+
+class _RecordingPlacement:
+    """A placement.CpuPlacement stand-in: which threads entered and left, in order."""
+
+    def __init__(self):
+        self.events = []
+
+    def enter_thread(self):
+        self.events.append(("enter", threading.get_ident()))
+
+    def leave_thread(self):
+        self.events.append(("leave", threading.get_ident()))
+
+
+def test_each_connection_thread_is_placed_for_its_whole_life(fake):
+    placement = _RecordingPlacement()
+    app = ragproxy.App(ragproxy.Config.from_text(proxy_config(fake.url)))
+    running = RunningProxy(app, ragproxy.make_server(app, "127.0.0.1", 0, placement=placement))
+    try:
+        sock = _connect(running)
+        for _ in range(2):   # keep-alive: one thread, placed once
+            sock.sendall(_post("/v1/chat/completions", CHAT))
+            assert _read_response(sock)[0] == 200
+        assert [kind for kind, _ in placement.events] == ["enter"]
+        sock.close()
+        wait_for(lambda: len(placement.events) == 2, "the connection thread to end")
+        (entered, thread), (left, same) = placement.events
+        assert (entered, left) == ("enter", "leave") and thread == same != threading.get_ident()
+    finally:
+        running.close()

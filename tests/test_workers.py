@@ -153,11 +153,19 @@ def serve(tmp_path, fake):
 def test_workers_share_the_port_a_killed_one_is_restarted_and_sigterm_stops_them_all(serve):
     first = serve.running_pids()
     assert len(set(first)) == 2 and all(_parent(pid) == serve.p.pid for pid in first)
+    placed = []
     for slot in (0, 1):
         with serve.only(slot):
             assert serve.ask("hello")["choices"][0]["message"]["content"]
             overview = serve.request("/admin/api/overview", token=serve.token())[2]
             assert overview["workers"]["this"] == {"slot": slot, "pid": first[slot]}
+            placed.append(overview["cpu_placement"])
+    if len(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ()) >= 2:
+        # Each worker's connections start on a CPU of their own (and stay there unless a busy
+        # machine moved one).
+        assert None not in [p["cpu"] for p in placed]
+        if not any(p["moves"] for p in placed):
+            assert placed[0]["cpu"] != placed[1]["cpu"]
 
     serve.settle()   # a row still in worker 1's queue would die with it
     os.kill(first[1], signal.SIGKILL)
