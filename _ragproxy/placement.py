@@ -127,7 +127,6 @@ class CpuPlacement:
 
     def __init__(self, mode="auto", slot=0, system=None, clock=time.monotonic, rand=random.random,
                  interval=LOOK_INTERVAL):
-        self.mode = mode
         self.system = LinuxCpus() if system is None else system
         self.clock, self.rand, self.interval = clock, rand, interval
         self.cpu = None         # the CPU the connection threads are on; None: not placed
@@ -187,7 +186,7 @@ class CpuPlacement:
             self._threads.discard(self.system.thread_id())
 
     def run(self, stop):
-        """Look at the CPUs' load every LOOK_INTERVAL seconds or so until ``stop`` (an Event) is set."""
+        """Look at the CPUs' load every ``interval`` seconds or so until ``stop`` (an Event) is set."""
         while self.cpu is not None and not stop.wait(self.interval * (0.75 + 0.5 * self.rand())):
             try:
                 self.look()

@@ -1,8 +1,10 @@
 """Connection threads on one CPU: the choice, the moves, and serve doing it on a real system."""
+import http.client
 import logging
 import os
 import re
 import threading
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -291,13 +293,15 @@ def test_serve_places_its_connection_threads_on_one_cpu_and_the_rest_nowhere(tmp
         assert cpu in everywhere and len(everywhere) >= 2
         assert f"connection threads placed on CPU {cpu} of {len(everywhere)}" in serve.log()
         # A connection kept open: its thread is alive, placed, while every other thread is not.
-        import http.client
-        conn = http.client.HTTPConnection(serve.url.split("//")[1].split(":")[0], int(serve.url.rsplit(":", 1)[1]),
-                                          timeout=10)
+        address = urllib.parse.urlsplit(serve.url)
+        conn = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
         conn.request("GET", "/health")
         assert conn.getresponse().read()
-        tasks = wait_for(lambda: (lambda t: t if [c for c in t.values() if c == {cpu}] else None)(
-            _tasks(serve.p.pid)), "a placed connection thread", [serve])
+
+        def tasks_with_one_placed():
+            tasks = _tasks(serve.p.pid)
+            return tasks if {cpu} in tasks.values() else None
+        tasks = wait_for(tasks_with_one_placed, "a placed connection thread", [serve])
         placed = [tid for tid, cpus in tasks.items() if cpus == {cpu}]
         assert placed and serve.p.pid not in placed
         assert all(cpus == everywhere for tid, cpus in tasks.items() if tid not in placed)
