@@ -17,6 +17,7 @@ change in the machine's speed lands on all of them alike.
     python bench/request_cpu.py --ragproxy /tmp/base/ragproxy.py --ragproxy ragproxy.py   # an A/B
     python bench/request_cpu.py --scenarios claude --sides pass,cached --profile cached --profile-out p.prof
     python bench/request_cpu.py --scenarios chat --sides fresh --threads 8            # under concurrency
+    python bench/request_cpu.py --scenarios claude --sides pass-round,cached --bytecodes --requests 20
 
 Sides: pass (a model without knowledge bases), rag (the same question every
 time: the search and render caches answer), cached (the next tool round of
@@ -38,6 +39,18 @@ where thread CPU scatters by tens of microseconds: what a cut of a few
 microseconds needs.  About fifty times slower than running natively: use
 --requests 100.
 
+--bytecodes counts what the interpreter runs instead: each worker traces
+--requests requests of each side (after the warm-up) with sys.settrace's
+opcode events, on the thread that serves them, and prints the bytecodes per
+request of every Python function, its own and with what it called, those
+that differ most from the first column (the first side, of the first
+version) first.  The count repeats to within a few bytecodes a request
+(caches' bookkeeping), so it shows where
+a difference between two sides or versions lies, function by function,
+which cachegrind (C functions only: the interpreter's loop, whatever it
+runs) and cProfile (whose per-call cost swamps small functions) cannot.
+What C code runs is not in it: a JSON parse or a memcmp counts one bytecode.
+
 --threads N calls App.handle from N threads at once, each with questions of
 its own, and reads the process's CPU clock instead (the request log's writer
 and the garbage collector are then in the figure) and its context switches
@@ -53,6 +66,7 @@ Standard library only; Python 3.9+.
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import json
 import os
@@ -148,7 +162,15 @@ def worker_role(opts):
     print("ready", flush=True)
     try:
         for line in sys.stdin:
-            scenario, side, count, *warm = line.split()
+            scenario, side, count, *flags = line.split()
+            warm = "warm" in flags
+            if "bytecodes" in flags:
+                tally = BytecodeTally(os.path.dirname(os.path.abspath(opts.ragproxy)))
+                with tally:
+                    for _ in range(int(count)):
+                        one(scenario, side)
+                print("bytecodes " + json.dumps(tally.per_request(int(count)), separators=(",", ":")), flush=True)
+                continue
             profiling = profile is not None and side == opts.profile and not warm
             if profiling:
                 profile.enable()
@@ -169,6 +191,67 @@ def worker_role(opts):
         if profile is not None:
             profile.dump_stats(opts.profile_out)
         app.close()
+
+
+class BytecodeTally:
+    """The bytecodes each Python function runs on this thread while the tally is on (``with``):
+    sys.settrace's opcode events, ``own`` those of the function's frames, ``inclusive`` with every
+    frame they called (a recursive function's inner frames counted once).  Functions are named
+    ``qualname (path)``, the path relative to ``root`` (or to the bench's checkout) when under it,
+    so that two versions' functions pair up; ``name (path:line)`` on a Python without qualnames."""
+
+    def __init__(self, root):
+        self.roots = [os.path.join(os.path.abspath(path), "") for path in (root, os.path.dirname(HERE))]
+        self.total = 0
+        self.own = collections.Counter()
+        self.inclusive = collections.Counter()
+        self._names = {}
+        self._stack = []                       # (name, total at the call, outermost frame of its name)
+        self._open = collections.Counter()     # frames of each name on the stack
+
+    def _name(self, code):
+        name = self._names.get(code)
+        if name is None:
+            path = code.co_filename
+            root = next((root for root in self.roots if path.startswith(root)), None)
+            path = path[len(root):] if root else os.path.basename(path)
+            qualname = getattr(code, "co_qualname", None)   # Python 3.11+
+            name = self._names[code] = (f"{qualname} ({path})" if qualname
+                                        else f"{code.co_name} ({path}:{code.co_firstlineno})")
+        return name
+
+    def _call(self, frame, event, arg):
+        if event == "call":
+            name = self._name(frame.f_code)
+            self._stack.append((name, self.total, not self._open[name]))
+            self._open[name] += 1
+            frame.f_trace_opcodes = True
+            return self._local
+        return None
+
+    def _local(self, frame, event, arg):
+        if event == "opcode":
+            self.total += 1
+            self.own[self._name(frame.f_code)] += 1
+        elif event == "return" and self._stack:   # also when an exception leaves the frame
+            name, at_call, outermost = self._stack.pop()
+            self._open[name] -= 1
+            if outermost:
+                self.inclusive[name] += self.total - at_call
+        return self._local
+
+    def __enter__(self):
+        sys.settrace(self._call)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)
+
+    def per_request(self, requests):
+        """``{"total": n, "functions": {name: [own, inclusive]}}``, per request."""
+        names = set(self.own) | set(self.inclusive)
+        return {"total": self.total / requests,
+                "functions": {name: [self.own[name] / requests, self.inclusive[name] / requests] for name in names}}
 
 
 def _in_threads(one, scenario, side, count, threads):
@@ -232,6 +315,16 @@ class Worker:
             self.stop()
             raise RuntimeError(f"worker for {self.script} failed on {scenario} {side} (its stderr says why)")
         return float(answer[1]), int(answer[2]), float(answer[3])
+
+    def bytecodes(self, scenario, side, count):
+        """BytecodeTally.per_request for ``count`` requests of ``side``, traced in the worker."""
+        self.proc.stdin.write(f"{scenario} {side} {count} bytecodes\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer.startswith("bytecodes "):
+            self.stop()
+            raise RuntimeError(f"worker for {self.script} failed on {scenario} {side} (its stderr says why)")
+        return json.loads(answer[len("bytecodes "):])
 
     def stop(self, timeout=30):
         if self.proc.poll() is None:
@@ -316,6 +409,9 @@ def _parse_args(argv):
     p.add_argument("--instructions", action="store_true",
                    help="count instructions and cache misses per request under cachegrind instead of timing")
     p.add_argument("--valgrind", default="valgrind", help="with --instructions: the valgrind to run (default valgrind)")
+    p.add_argument("--bytecodes", action="store_true",
+                   help="count the bytecodes each Python function runs per request instead of timing")
+    p.add_argument("--top", type=int, default=25, help="with --bytecodes: how many functions to list (default 25)")
     p.add_argument("--profile", choices=SIDES, help="cProfile this side's batches (thread CPU time)")
     p.add_argument("--profile-out", help="with --profile: the stats file (one per version: .1, .2, ... added)")
     p.add_argument("--json", action="store_true", help="also print one JSON line with every figure")
@@ -338,6 +434,10 @@ def _parse_args(argv):
         p.error("--profile profiles one thread: use it with --threads 1")
     if opts.instructions and (opts.threads > 1 or opts.profile):
         p.error("--instructions counts one thread's requests, unprofiled: not with --threads or --profile")
+    if opts.bytecodes and (opts.threads > 1 or opts.profile or opts.instructions):
+        p.error("--bytecodes traces one thread's requests: not with --threads, --profile or --instructions")
+    if opts.top < 1:
+        p.error("--top takes a positive number")
     if opts.instructions and opts.role is None and shutil.which(opts.valgrind) is None:
         p.error(f"--instructions needs valgrind: no {opts.valgrind} on PATH (--valgrind)")
     return opts
@@ -355,7 +455,10 @@ def main(argv=None):
           + ("one request at a time)" if opts.threads == 1 else f"{opts.threads} threads at once)"))
     for label, script in zip(labels, opts.ragproxy):
         print(f"  {label}: {po.version_line(opts.python, script, False)}")
-    if opts.instructions:
+    if opts.bytecodes:
+        print(f"  traced (sys.settrace opcode events): {opts.requests} requests per side and version after "
+              f"{opts.warmup} warm-up requests; bytecodes per request")
+    elif opts.instructions:
         print(f"  under cachegrind, per side and version: {opts.requests} and {4 * opts.requests} requests after "
               f"{opts.warmup} warm-up requests, each in a fresh worker; the difference per extra request")
     else:
@@ -370,6 +473,9 @@ def main(argv=None):
         upstream = po.Child([opts.python, os.path.join(HERE, "proxy_overhead.py"), "--role", "upstream"],
                             dict(os.environ), None, "fake upstream")
         pairs = [(scenario, side) for scenario in opts.scenario_list for side in opts.side_list]
+        if opts.bytecodes:
+            report_bytecodes(opts, labels, pairs, *count_bytecodes(opts, labels, upstream.port, workdir, pairs))
+            return 0
         if opts.instructions:
             report_instructions(opts, labels, pairs, *count_instructions(opts, labels, upstream.port, workdir, pairs))
             return 0
@@ -428,6 +534,60 @@ def report_instructions(opts, labels, pairs, figures, facts):
                         for heading, _ in _COUNTED})
                 for scenario, side in pairs for label, script in zip(labels, opts.ragproxy)]
         print(json.dumps({"bench": "request_cpu", "measure": "instructions", "python": sys.version.split()[0],
+                          "kb": facts, "requests": opts.requests, "results": rows}, separators=(",", ":")))
+
+
+def count_bytecodes(opts, labels, upstream_port, workdir, pairs):
+    """``({(scenario, side, label): BytecodeTally.per_request}, KB facts)`` (--bytecodes): each side
+    warmed up and then traced in one worker per version."""
+    figures, facts = {}, None
+    for label, script in zip(labels, opts.ragproxy):
+        worker = Worker(opts, script, label, upstream_port, workdir, opts.kb, None)
+        facts = facts or worker.kb_facts
+        try:
+            for scenario, side in pairs:
+                worker.batch(scenario, side, opts.warmup, warm=True)
+                figures[scenario, side, label] = worker.bytecodes(scenario, side, opts.requests)
+        finally:
+            worker.stop()
+    return figures, facts
+
+
+def report_bytecodes(opts, labels, pairs, figures, facts):
+    """Totals, then the --top functions by their own bytecodes and by inclusive ones: those that differ
+    most from the first column (the first side of the first version) when there are two or more."""
+    print(f"  KB {opts.kb}: {facts['chunks']} chunks from {facts['docs']} documents of "
+          f"{' + '.join(facts['corpora'])}")
+    columns = [(scenario, side, label) for scenario, side in pairs for label in labels]
+    several = len({scenario for scenario, _ in pairs}) > 1
+    titles = [" ".join(part for part in (scenario if several else "", side, label if len(labels) > 1 else "") if part)
+              for scenario, side, label in columns]
+    width = max(12, *(len(t) + 2 for t in titles))
+    functions = [figures[column]["functions"] for column in columns]
+    names = set().union(*functions)
+    print()
+    print("bytecodes per request: " + ", ".join(f"{t} {figures[c]['total']:.0f}" for t, c in zip(titles, columns)))
+    for slot, kind in ((0, "own"), (1, "inclusive")):
+        def value(n, name, slot=slot):
+            return functions[n].get(name, (0.0, 0.0))[slot]
+        if len(columns) > 1:
+            ranked = sorted(names, key=lambda name: (-max(abs(value(n, name) - value(0, name))
+                                                          for n in range(1, len(columns))), name))
+            heading = f"the {opts.top} functions whose {kind} bytecodes differ most from {titles[0]}"
+        else:
+            ranked = sorted(names, key=lambda name: (-value(0, name), name))
+            heading = f"the {opts.top} functions that run the most bytecodes, {kind}"
+        print()
+        print(heading)
+        print("".join(f"{t:>{width}}" for t in titles) + "  function")
+        for name in ranked[:opts.top]:
+            print("".join(f"{value(n, name):>{width}.1f}" for n in range(len(columns))) + "  " + name)
+    if opts.json:
+        rows = [{"scenario": scenario, "side": side, "version": label, "script": script,
+                 "total": figures[scenario, side, label]["total"],
+                 "functions": figures[scenario, side, label]["functions"]}
+                for scenario, side in pairs for label, script in zip(labels, opts.ragproxy)]
+        print(json.dumps({"bench": "request_cpu", "measure": "bytecodes", "python": sys.version.split()[0],
                           "kb": facts, "requests": opts.requests, "results": rows}, separators=(",", ":")))
 
 

@@ -624,6 +624,41 @@ def test_request_cpu_counts_instructions_per_request_from_two_runs_under_cachegr
     assert "instructions per request" in proc.stdout and "D1 misses per request" in proc.stdout
 
 
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_EVAL, "scifact")),
+                    reason="the shared eval collections are not beside the checkout")
+def test_request_cpu_counts_the_bytecodes_each_function_runs_and_ranks_what_a_tool_round_adds(tmp_path):
+    proc = run_script("request_cpu.py", "--bytecodes", "--kb-docs", "40", "--requests", "3", "--warmup", "3",
+                      "--cache-dir", str(tmp_path), "--json", "--top", "8", "--scenarios", "claude",
+                      "--sides", "pass-round,cached")
+    assert proc.returncode == 0, proc.stderr
+    (report,) = last_json(proc.stdout)
+    assert report["measure"] == "bytecodes" and report["requests"] == 3
+    rows = {r["side"]: r for r in report["results"]}
+    assert set(rows) == {"pass-round", "cached"}
+
+    def function(side, qualname):
+        (found,) = [counts for name, counts in rows[side]["functions"].items() if name.startswith(qualname + " (")]
+        return found
+
+    for side, row in rows.items():
+        own, inclusive = function(side, "App.handle")
+        assert 0 < own < inclusive <= row["total"]   # handle is the request: what it calls is nearly all of it
+        assert sum(own for own, _ in row["functions"].values()) == pytest.approx(row["total"])
+        assert function(side, "App.handle")[1] >= function(side, "App._proxy")[1]
+    # A tool round of a turn already served: the turn key and the splice run, the search does not.
+    assert function("cached", "turn_key")[0] > 0 and function("cached", "Retriever._rewrite")[1] > 0
+    assert not any(name.startswith("Retriever._retrieve ") for name in rows["cached"]["functions"])
+    assert not any(name.startswith("turn_key ") for name in rows["pass-round"]["functions"])
+    assert rows["cached"]["total"] > rows["pass-round"]["total"]
+    assert "Retriever.__call__ (_ragproxy/retrieval.py)" in proc.stdout.split("inclusive bytecodes differ most")[1]
+    assert "bytecodes per request: pass-round " in proc.stdout
+
+
+def test_request_cpu_counts_bytecodes_on_one_unprofiled_thread():
+    proc = run_script("request_cpu.py", "--bytecodes", "--threads", "2")
+    assert proc.returncode == 2 and "not with --threads" in proc.stderr
+
+
 def test_request_cpu_instructions_need_valgrind_and_one_unprofiled_thread(tmp_path):
     missing = run_script("request_cpu.py", "--instructions", "--valgrind", str(tmp_path / "no-valgrind"))
     assert missing.returncode == 2 and "needs valgrind" in missing.stderr
