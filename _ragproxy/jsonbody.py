@@ -132,7 +132,7 @@ def _json_members(text, pos, expand=(), values=None, memo=None, slot=None):
             raise ValueError("mismatched bracket")
         return members, pos
     run = memo.run(text, pos, slot) if memo is not None and not is_object else None
-    known = len(run[1]) if run is not None else 0
+    known, known_size = (len(run[1]), run[3]) if run is not None else (0, 0)
     while True:
         if is_object:
             if values is not None and text[pos] != '"':
@@ -159,7 +159,7 @@ def _json_members(text, pos, expand=(), values=None, memo=None, slot=None):
             if values is not None:
                 values[key] = value
         elif run is not None:   # the entries a run holds, at once
-            run_values, spans, end = run
+            run_values, spans, end, _ = run
             members.extend(spans)
             values.extend(run_values)
             run = None
@@ -175,7 +175,7 @@ def _json_members(text, pos, expand=(), values=None, memo=None, slot=None):
             if values is not None and text[pos] != closer:
                 raise ValueError("no comma or closing bracket after a value")
             if memo is not None and not is_object:
-                memo.keep_run(text, members, values, slot, known)
+                memo.keep_run(text, members, values, slot, known, known_size)
             return members, pos
         pos += 1
         if text[pos] in blank:
@@ -260,15 +260,17 @@ class ParseMemo:
         self.max_bytes, self.min_chars, self.check = max_bytes, min_chars, check
         self.size = 0       # bytes held: text and values
         self.reused = 0
-        # (slot, head) or (slot, "run", head) -> records (text, value, size, entry spans or None,
-        # marshal form or None), newest first
+        # (slot, head) or (slot, "run", head) -> records (text, value, size, for a run a list of
+        # one (start, entry spans), where it lay last, else None; marshal form or None), newest first
         self._records = OrderedDict()
         self._lock = threading.Lock()
 
     def held_bytes(self):
-        """The bytes its records hold, counted afresh: what ``size``, a running total, should say."""
+        """The bytes its records hold, counted afresh from their texts: what ``size``, a running
+        total of what each record was counted as when kept, should say."""
         with self._lock:
-            return sum(record[2] for records in self._records.values() for record in records)
+            texts = [record[0] for records in self._records.values() for record in records]
+        return sum(len(text) + _value_bytes(text) for text in texts)
 
     def scan(self, text, pos, slot):
         """``(value, end)`` for the JSON value at ``text[pos]``, as json's scanner gives it.
@@ -289,36 +291,50 @@ class ParseMemo:
         return value, end
 
     def run(self, text, pos, slot):
-        """``(values, spans, end)`` of the longest run that the array entries from ``text[pos]``
-        begin with, or None; ``spans`` are the entries' (start, end)."""
+        """``(values, spans, end, size)`` of the longest run that the array entries from ``text[pos]``
+        begin with, or None; ``spans`` are the entries' (start, end), ``size`` what the run's record
+        counts as holding (keep_run's ``known_size``)."""
         best = None
         for record in self._records.get((slot, "run", text[pos:pos + _MEMO_HEAD]), ()):
             if (best is None or len(record[0]) > len(best[0])) and text.startswith(record[0], pos):
                 best = record
         if best is None:
             return None
-        self.reused += len(best[3])
-        return self._value(best, slot), [(pos + start, pos + end) for start, end in best[3]], pos + len(best[0])
+        placed = best[3]
+        at, spans = placed[0]   # one read: another thread may place the run meanwhile
+        self.reused += len(spans)
+        if pos != at:   # the run lies elsewhere in this body: its spans move, and stay where it is now
+            shift = pos - at
+            spans = tuple([(start + shift, end + shift) for start, end in spans])
+            placed[0] = (pos, spans)
+        return self._value(best, slot), spans, pos + len(best[0]), best[2]
 
-    def keep_run(self, text, spans, values, slot, known=0):
+    def keep_run(self, text, spans, values, slot, known=0, known_size=0):
         """Keep the run of an array's entries (``spans`` and parsed ``values``, in order) but its
-        newest, unless it is no longer than the ``known`` entries a run gave."""
+        newest, unless it is no longer than the ``known`` entries a run gave (of ``known_size``)."""
         count = len(spans) - _RUN_LEAVES_OUT
         if count <= max(known, 1):
             return
         start, end = spans[0][0], spans[count - 1][1]
         if end - start >= self.min_chars:
+            # Every round of an agent loop keeps a run one round longer than the one it began
+            # with: only the entries after that one are counted (a count over the whole text
+            # was three quarters of what parsing a 200 KB round cost).
+            after = spans[known - 1][1] if known else start
+            size = known_size + (end - after) + _value_bytes(text, after, end)
+            # The spans as they lie in this body: the next round of a conversation most often
+            # puts its entries where this one did, and then takes them as they are.
             self._keep((slot, "run", text[start:start + _MEMO_HEAD]), text[start:end], values[:count],
-                       tuple((s - start, e - start) for s, e in spans[:count]))
+                       [(start, tuple(spans[:count]))], size)
 
-    def _keep(self, key, text, value, spans=None):
+    def _keep(self, key, text, value, spans=None, size=None):
         blob = None
         if self.check:
             try:   # before any rewriter can edit the value: it is the parse of ``text``
                 blob = marshal.dumps(value, _CHECK_MARSHAL)
             except ValueError:   # nested deeper than marshal goes: nothing to check it against
                 return
-        size = len(text) + _value_bytes(text)
+        size = len(text) + _value_bytes(text) if size is None else size
         if size > self.max_bytes // 4:   # one huge value would push out everything else
             return
         with self._lock:
@@ -364,8 +380,8 @@ class SharedValueEdited(RuntimeError):
 _CHECK_MARSHAL = 2
 
 
-def _value_bytes(text):
-    """What the parsed value of JSON ``text`` holds in memory, estimated from the text alone.
+def _value_bytes(text, start=0, end=None):
+    """What the parsed value of JSON ``text[start:end]`` holds in memory, estimated from the text alone.
 
     Strings and numbers take about what their text does, and a list slot 8
     bytes a value; each container costs a header more ({} and [] each 56-64
@@ -376,7 +392,8 @@ def _value_bytes(text):
     objects 0.95, of empty objects 2.3): a client cannot make the memo hold
     much more than its cap.
     """
-    return 3 * len(text) + 160 * (text.count("{") + text.count("["))
+    end = len(text) if end is None else end
+    return 3 * (end - start) + 160 * (text.count("{", start, end) + text.count("[", start, end))
 
 
 def json_object_with_members(body, expand=(), memo=None):

@@ -29,6 +29,10 @@ Sides:
   ... kept by the turn, N KB the same from the turn's third round on, whose human
                              message is sent as in the round before: its JSON text
                              with the context in is the one that round's got
+  parse, loop round (N)      _json_object_with_members through a ParseMemo, as a
+                             large body is parsed, over N rounds of an agent loop
+                             that starts from the body and adds a tool call and
+                             its result each round (--loop-rounds): per round
 """
 
 from __future__ import annotations
@@ -158,13 +162,16 @@ def body_helpers(rp):
     if hasattr(rp, "_json_object_of"):   # a single-file ragproxy.py (--ragproxy from an older commit)
         return types.SimpleNamespace(json_object_of=rp._json_object_of, json_bytes=rp._json_bytes,
                                      with_model=getattr(rp, "_with_model", None),  # absent before cbe4a73
-                                     with_edits=getattr(rp, "_with_edits", None))  # absent before 7d10aaa
+                                     with_edits=getattr(rp, "_with_edits", None),  # absent before 7d10aaa
+                                     parse_memo=None)
     api = importlib.import_module("_ragproxy.api")
     jsonbody = importlib.import_module("_ragproxy.jsonbody")
     retrieval = importlib.import_module("_ragproxy.retrieval")
     return types.SimpleNamespace(json_object_of=jsonbody.json_object_of, json_bytes=api.json_bytes,
                                  with_model=jsonbody.with_model, with_edits=jsonbody.with_edits,
                                  members=jsonbody.Members, retrieved=retrieval.Retrieved,
+                                 json_object_with_members=getattr(jsonbody, "json_object_with_members", None),
+                                 parse_memo=getattr(jsonbody, "ParseMemo", None),
                                  inject_retrieved=getattr(retrieval, "inject_retrieved", None))
 
 
@@ -212,7 +219,22 @@ def _context_rounds(rp, helpers, body, members, context):
     return plain, a_round, lambda: a_round(sent_texts=sent_texts)
 
 
-def measure(rp, size, repeat, contexts=()):
+def loop_rounds(body, rounds):
+    """The bodies of ``rounds`` rounds of an agent loop that starts from ``body``: each adds a tool
+    call and its result, the newest carrying the cache mark Claude Code moves on each round."""
+    payload = json.loads(body)
+    messages, bodies = payload["messages"], []
+    for n in range(rounds):
+        messages += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{n:024d}",
+                                                        "name": "Read", "input": {"path": f"src/m{n}.py"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n:024d}",
+                                                   "content": f"{n}: def f():\n    return {n}\n" * 40}]}]
+        marked = dict(messages[-1], content=[dict(messages[-1]["content"][0], cache_control={"type": "ephemeral"})])
+        bodies.append(json.dumps(dict(payload, messages=messages[:-1] + [marked]), ensure_ascii=False).encode())
+    return bodies
+
+
+def measure(rp, size, repeat, contexts=(), rounds=0):
     helpers = body_helpers(rp)
     body = claude_code_body(size)
     payload = helpers.json_object_of(body)
@@ -234,7 +256,21 @@ def measure(rp, size, repeat, contexts=()):
             raise SystemExit("splice injected turn gave a different payload")
         sides["splice injected turn"] = lambda: with_edits(body, injected, paths)
         sides.update(context_sides(rp, helpers, body, contexts))
-    return len(body), {name: round(median_us(fn, repeat), 1) for name, fn in sides.items()}
+    per_call = dict.fromkeys(sides, 1)
+    if rounds and helpers.parse_memo is not None:
+        bodies = loop_rounds(body, rounds)
+        memo = helpers.parse_memo()
+        for sent in bodies:
+            if helpers.json_object_with_members(sent, ("messages", "input"), memo)[0] != json.loads(sent):
+                raise SystemExit("a loop round parsed through the memo gave a different payload")
+
+        def loop():
+            memo = helpers.parse_memo()   # a new one each time: every round meets what the one before kept
+            for sent in bodies:
+                helpers.json_object_with_members(sent, ("messages", "input"), memo)
+        name = f"parse, loop round ({rounds})"
+        sides[name], per_call[name] = loop, rounds
+    return len(body), {name: round(median_us(fn, repeat) / per_call[name], 1) for name, fn in sides.items()}
 
 
 def main(argv=None):
@@ -243,6 +279,8 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=30, help="timed runs per side and size (median)")
     p.add_argument("--contexts", default="1000,2000,4000,8000,16000",
                    help="comma-separated sizes of injected context, in bytes")
+    p.add_argument("--loop-rounds", type=int, default=100,
+                   help="rounds of the agent loop the loop-round side parses (default 100; 0: no such side)")
     p.add_argument("--ragproxy", default=RAGPROXY, help="the ragproxy.py to measure")
     p.add_argument("--json", action="store_true", help="also print one JSON line with every figure")
     args = p.parse_args(argv)
@@ -250,7 +288,8 @@ def main(argv=None):
     print(f"{rp.version_text()}; Claude Code-shaped bodies; median of {args.repeat} runs, microseconds")
     report = {}
     for size in (int(s) for s in args.sizes.split(",")):
-        actual, figures = measure(rp, size, args.repeat, [int(c) for c in args.contexts.split(",") if c])
+        actual, figures = measure(rp, size, args.repeat, [int(c) for c in args.contexts.split(",") if c],
+                                  args.loop_rounds)
         report[actual] = figures
         print(f"\n{actual:,} bytes")
         for name, us in figures.items():

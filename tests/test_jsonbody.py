@@ -317,6 +317,7 @@ def test_parse_memo_copies_what_each_round_of_an_agent_loop_repeats():
         before = memo.reused
         _parse_as_without_memo(_agent_round(rounds), memo)
         assert memo.reused - before >= 2 * rounds - 2   # a run of the entries, the tools and the system
+        assert memo.size == memo.held_bytes()   # a run one round longer counts only what it adds
     before = memo.reused
     _parse_as_without_memo(_agent_round(11), memo)   # the same body again: everything but the small members
     assert memo.reused - before >= 2 + 22 - 2
@@ -382,6 +383,18 @@ def test_parse_memo_parses_a_value_that_only_begins_like_one_it_holds(change):
     changed = change(body)
     assert changed != body
     assert _parse_as_without_memo(changed, memo) == json.loads(changed)
+
+
+def test_parse_memo_places_a_run_where_this_body_has_its_entries():
+    memo = jsonbody.ParseMemo()
+    body = _agent_round(7)
+    _parse_as_without_memo(body, memo)
+    # A longer model name moves every entry on; the spans must move with them, and back again.
+    for model in (b'"a longer model name"', b'"m"', b'"mm"'):
+        moved = body.replace(b'"m"', model, 1)
+        before = memo.reused
+        payload = _parse_as_without_memo(moved, memo)   # spans and values as the plain walk finds them
+        assert memo.reused - before >= 2 * 7 - 2 and payload == json.loads(moved)
 
 
 def test_parse_memo_refuses_a_body_that_breaks_after_what_it_repeats():
