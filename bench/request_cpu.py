@@ -23,7 +23,14 @@ Sides: pass (a model without knowledge bases), rag (the same question every
 time: the search and render caches answer), cached (the next tool round of
 the same turn), fresh (a new question every time: a BM25 search), and, on
 request, pass-round (cached's own tool-round body to a model without
-knowledge bases: what the tool round costs beyond forwarding it).  Bodies,
+knowledge bases: what the tool round costs beyond forwarding it), loop (an
+agent loop's rounds one after another: each request the body before it with
+a tool call and its result more, Claude Code's cache mark moved onto the
+newest message, over --loop-rounds rounds and then from the turn's first
+request again, whose question the search cache answers) and pass-loop (the
+same bodies to a model without knowledge bases).  cached sends one tool
+round's body again and again, which no client does: what a growing body
+costs (the parse, the turn key's cut markers) is only in loop.  Bodies,
 fake upstream and KB are proxy_overhead.py's (the 80k-chunk KB by default,
 built once into --cache-dir).  The request log's writer thread and the
 indexer are not in the figure (other threads).
@@ -67,7 +74,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import gc
+import itertools
 import json
 import os
 import shutil
@@ -82,7 +91,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import proxy_overhead as po  # noqa: E402
 
-SIDES = ("pass", "rag", "cached", "fresh", "pass-round")
+SIDES = ("pass", "rag", "cached", "fresh", "pass-round", "loop", "pass-loop")
 DEFAULT_SIDES = ("pass", "rag", "cached", "fresh")
 SCENARIOS = ("chat", "claude")
 PASS_MODEL = "pass-through"
@@ -92,10 +101,14 @@ PASS_MODEL = "pass-through"
 _QUESTIONS_PER_THREAD = 10 ** 8
 
 
-def request_body(scenario, side, body_bytes, first=0):
+def request_body(scenario, side, body_bytes, first=0, loop_rounds=16):
     """The bytes the load generator would send, less the head: a body, or a callable for a new one each
-    time (new questions numbered from ``first``)."""
-    model = PASS_MODEL if side in ("pass", "pass-round") else po.CLAUDE_MODEL
+    time (new questions numbered from ``first``; a loop's next round)."""
+    model = PASS_MODEL if side in ("pass", "pass-round", "pass-loop") else po.CLAUDE_MODEL
+    if side in ("loop", "pass-loop"):
+        rounds = itertools.cycle(loop_bodies(scenario, request_body(scenario, "pass", body_bytes), model,
+                                             loop_rounds))
+        return lambda: next(rounds)
     tool_round, fresh = side in ("cached", "pass-round"), side == "fresh"
     if scenario == "claude":
         sent = po.messages_bytes(0, body_bytes, tool_round=tool_round, fresh=fresh, model=model)
@@ -105,6 +118,43 @@ def request_body(scenario, side, body_bytes, first=0):
         sent.count = first
         return lambda: sent().split(b"\r\n\r\n", 1)[1]
     return sent.split(b"\r\n\r\n", 1)[1]
+
+
+def loop_bodies(scenario, body, model, rounds):
+    """The bodies of ``rounds`` rounds of an agent loop on ``body`` (its first request, the human turn
+    last), in the scenario's wire format, for ``model``: each round the one before with a tool call and
+    its result more, encoded as the body was, so that what a round repeats is byte for byte the same."""
+    payload = json.loads(body)
+    payload["model"] = model
+    claude = scenario == "claude"
+    dumps = functools.partial(json.dumps, ensure_ascii=False) if claude else \
+        functools.partial(json.dumps, separators=(",", ":"))
+    messages, bodies = payload["messages"], []
+    for n in range(rounds):
+        if n:
+            call_id, output = f"toolu_{n:020d}", f"{n}: def handler(request):\n    return respond(request)\n" * 12
+            if claude:   # Claude Code marks only the newest message for prompt caching
+                messages = [_unmarked(m) for m in messages] + [
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": "Read",
+                                                       "input": {"file_path": f"src/handler_{n}.py"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": output,
+                                                  "cache_control": {"type": "ephemeral"}}]}]
+            else:
+                messages = messages + [
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": call_id, "type": "function",
+                         "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/h{n}.py"})}}]},
+                    {"role": "tool", "tool_call_id": call_id, "content": output}]
+        bodies.append(dumps(dict(payload, messages=messages)).encode("utf-8"))
+    return bodies
+
+
+def _unmarked(message):
+    content = message.get("content")
+    if not isinstance(content, list) or not any(isinstance(p, dict) and "cache_control" in p for p in content):
+        return message
+    return dict(message, content=[{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p
+                                  for p in content])
 
 
 def _context_switches():
@@ -149,7 +199,7 @@ def worker_role(opts):
         body = bodies.get((scenario, side, thread))
         if body is None:
             body = bodies[scenario, side, thread] = request_body(scenario, side, opts.body_bytes,
-                                                                 thread * _QUESTIONS_PER_THREAD)
+                                                                 thread * _QUESTIONS_PER_THREAD, opts.loop_rounds)
         request = ragproxy.Request("POST", paths[scenario], "", headers, body() if callable(body) else body,
                                    "127.0.0.1")
         response = app.handle(request)
@@ -289,7 +339,8 @@ class Worker:
         with open(config, "w", encoding="utf-8") as f:
             f.write(po.proxy_config(upstream_port, section, plain_models=(PASS_MODEL,)))
         argv = [opts.python, os.path.abspath(__file__), "--role", "worker", "--ragproxy", script, "--data", data,
-                "--config", config, "--body-bytes", str(opts.body_bytes), "--threads", str(opts.threads)]
+                "--config", config, "--body-bytes", str(opts.body_bytes), "--threads", str(opts.threads),
+                "--loop-rounds", str(opts.loop_rounds)]
         if opts.gc_threshold is not None:
             argv += ["--gc-threshold", str(opts.gc_threshold)]
         if profile_out:
@@ -390,7 +441,9 @@ def _parse_args(argv):
                    help="a ragproxy.py to measure; twice or more for an A/B (default: the checkout's)")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="chat, claude (default both)")
     p.add_argument("--sides", default=",".join(DEFAULT_SIDES),
-                   help="pass, rag, cached, fresh, pass-round (default all but pass-round)")
+                   help="pass, rag, cached, fresh, pass-round, loop, pass-loop (default the first four)")
+    p.add_argument("--loop-rounds", type=int, default=16,
+                   help="rounds of the loop sides' agent loop before its turn begins again (default 16)")
     p.add_argument("--requests", type=int, default=1000, help="requests per batch (default 1000)")
     p.add_argument("--rounds", type=int, default=5, help="batches per side and version; the median is shown")
     p.add_argument("--warmup", type=int, default=300, help="requests per side before the first batch")
@@ -436,8 +489,8 @@ def _parse_args(argv):
         p.error("--instructions counts one thread's requests, unprofiled: not with --threads or --profile")
     if opts.bytecodes and (opts.threads > 1 or opts.profile or opts.instructions):
         p.error("--bytecodes traces one thread's requests: not with --threads, --profile or --instructions")
-    if opts.top < 1:
-        p.error("--top takes a positive number")
+    if opts.top < 1 or opts.loop_rounds < 1:
+        p.error("--top and --loop-rounds take a positive number")
     if opts.instructions and opts.role is None and shutil.which(opts.valgrind) is None:
         p.error(f"--instructions needs valgrind: no {opts.valgrind} on PATH (--valgrind)")
     return opts

@@ -454,15 +454,16 @@ def test_request_cpu_compares_two_versions_side_by_side_and_profiles_one_side(tm
 def test_request_cpu_under_concurrency_counts_context_switches_and_sets_the_collectors_threshold(tmp_path):
     proc = run_script("request_cpu.py", "--kb-docs", "40", "--requests", "24", "--rounds", "2", "--warmup", "6",
                       "--cache-dir", str(tmp_path), "--json", "--threads", "3", "--gc-threshold", "5000",
-                      "--scenarios", "chat", "--sides", "pass,pass-round,fresh")
+                      "--scenarios", "chat", "--sides", "pass,pass-round,fresh,loop,pass-loop", "--loop-rounds", "5")
     assert proc.returncode == 0, proc.stderr
     (report,) = last_json(proc.stdout)
     assert report["threads"] == 3 and report["gc_threshold"] == 5000
     rows = {r["side"]: r for r in report["results"]}
-    assert set(rows) == {"pass", "pass-round", "fresh"}
+    assert set(rows) == {"pass", "pass-round", "fresh", "loop", "pass-loop"}
     for side, row in rows.items():
         assert row["cpu_us"] > 0 and row["switches_per_request"] > 0 and row["requests"] == 48
-    assert rows["pass"]["injected"] == rows["pass-round"]["injected"] == 0 and rows["fresh"]["injected"] == 48
+    assert rows["pass"]["injected"] == rows["pass-round"]["injected"] == rows["pass-loop"]["injected"] == 0
+    assert rows["fresh"]["injected"] == rows["loop"]["injected"] == 48   # every round of the loop gets the context
     assert "3 threads at once" in proc.stdout and "context switches per request" in proc.stdout
     assert "threshold: 5000 in every worker; thread switch interval: as each version's serve" in proc.stdout
 
@@ -630,12 +631,12 @@ def test_request_cpu_counts_instructions_per_request_from_two_runs_under_cachegr
 def test_request_cpu_counts_the_bytecodes_each_function_runs_and_ranks_what_a_tool_round_adds(tmp_path):
     proc = run_script("request_cpu.py", "--bytecodes", "--kb-docs", "40", "--requests", "3", "--warmup", "3",
                       "--cache-dir", str(tmp_path), "--json", "--top", "8", "--scenarios", "claude",
-                      "--sides", "pass-round,cached")
+                      "--sides", "pass-round,cached,loop", "--loop-rounds", "4")
     assert proc.returncode == 0, proc.stderr
     (report,) = last_json(proc.stdout)
     assert report["measure"] == "bytecodes" and report["requests"] == 3
     rows = {r["side"]: r for r in report["results"]}
-    assert set(rows) == {"pass-round", "cached"}
+    assert set(rows) == {"pass-round", "cached", "loop"}
 
     def function(side, qualname):
         (found,) = [counts for name, counts in rows[side]["functions"].items() if name.startswith(qualname + " (")]
