@@ -171,6 +171,55 @@ def _last_human(fmt, seq):
     return None
 
 
+# What Conversation's ``tails`` keep of a walk: the text from the human turn it found to the
+# end of the newest entry but _TAIL_LEAVES_OUT (clients move their prompt-caching mark on
+# from those, so the next round sends them otherwise), filed under the last _TAIL_KEY
+# bytes of the conversation's first entry (its first words: the harness's reminder comes
+# before them), at most _TAIL_ALTERNATIVES under one, each at most MAX_TAIL_BYTES.
+_TAIL_LEAVES_OUT = 2
+_TAIL_KEY = 128
+_TAIL_ALTERNATIVES = 2
+MAX_TAIL_BYTES = 1 << 20
+
+
+def _recalled_last_human(endpoint, fmt, seq, located, tails):
+    """_last_human, walking only the entries after those a walk of an earlier body classified.
+
+    Each round of an agent loop repeats the round before and adds the model's turns
+    at the end, so the walk back to the human turn grows by a tool call and its result
+    every round.  ``located(key)`` gives ``(body, spans)``, this body's text of each
+    entry of ``payload[key]`` (jsonbody.entry_spans), or None; ``tails`` (get and put)
+    keeps, from each walk, the text from the human entry it found to the end of an
+    entry after it.  Where this body's entry at the same index starts with all of that
+    text, its entries up to that one are those (each entry's text closes with its own
+    bracket or quote): the first human, the rest not, whatever comes before them.
+    """
+    found = located(fmt.turns) if seq else None
+    if found is None or len(found[1]) != len(seq):
+        return _last_human(fmt, seq)
+    body, spans = found
+    first_start, first_end = spans[0]
+    key = (endpoint, body[max(first_start, first_end - _TAIL_KEY):first_end])
+    records = tails.get(key) or ()
+    human = floor = None
+    for record in records:
+        i, upto, text = record
+        if upto < len(seq) and body.startswith(text, spans[i][0]):
+            human, floor, known = i, upto, record
+            break
+    for j in range(len(seq) - 1, -1 if floor is None else floor, -1):
+        if _is_human(fmt, seq[j]):
+            human = j
+            break
+    upto = len(seq) - 1 - _TAIL_LEAVES_OUT
+    if human is not None and upto >= human and (floor is None or upto > floor or human > floor):
+        start, end = spans[human][0], spans[upto][1]
+        if end - start <= MAX_TAIL_BYTES:
+            others = tuple(r for r in records if floor is None or r is not known)
+            tails.put(key, ((human, upto, body[start:end]),) + others[:_TAIL_ALTERNATIVES - 1])
+    return human
+
+
 _NOT_LOOKED_FOR = object()
 
 
@@ -182,20 +231,31 @@ class Conversation:
     ``conversation``: a caller that asks several of them about one request finds that turn
     once (each walk classifies the content parts of every entry after it).  It describes the
     payload as it stood: make another after anything edits it (inject does).
+
+    ``tails`` (a cache with get and put, kept across requests) and ``located`` (this
+    body's text of each entry: _recalled_last_human), when given, let the walk stop
+    where an earlier body's walk classified the same entries: a later round of an agent
+    loop then classifies only what it added.
     """
 
-    __slots__ = ("fmt", "seq", "_last")
+    __slots__ = ("fmt", "seq", "_last", "_endpoint", "_tails", "_located")
 
-    def __init__(self, endpoint, payload):
+    def __init__(self, endpoint, payload, tails=None, located=None):
         view = _conversation(endpoint, payload)
         self.fmt, self.seq = view if view is not None else (None, None)
         self._last = _NOT_LOOKED_FOR
+        self._endpoint, self._tails, self._located = endpoint, tails, located
 
     @property
     def last_human(self):
         """Index of the last human turn in the entries; None when there is none (or no entries)."""
         if self._last is _NOT_LOOKED_FOR:
-            self._last = _last_human(self.fmt, self.seq) if isinstance(self.seq, list) else None
+            if not isinstance(self.seq, list):
+                self._last = None
+            elif self._tails is not None and self._located is not None:
+                self._last = _recalled_last_human(self._endpoint, self.fmt, self.seq, self._located, self._tails)
+            else:
+                self._last = _last_human(self.fmt, self.seq)
         return self._last
 
 

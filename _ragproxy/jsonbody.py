@@ -463,6 +463,16 @@ def entries_span(members, key, upto):
     return members.body, entries[0][0], entries[upto][1]
 
 
+def entry_spans(members, key):
+    """``(body, spans)``: where each entry of the top-level array ``key`` lies in an ASCII
+    body, ``body[start:end]`` for each ``(start, end)`` in ``spans`` its text as sent; None
+    for a body that is not ASCII, or whose entries of ``key`` were not found."""
+    if not members.ascii or members.spans is None or key not in members.spans:
+        return None
+    span = members.spans[key]
+    return (members.body, span[2]) if len(span) == 3 else None
+
+
 def raw_value(members, path):
     """The body's own text of the value at ``path`` (see inject): a top-level
     member, ``(key,)``, or one entry of an expanded array, ``(key, index)``.

@@ -51,7 +51,7 @@ from .inject import (
     turn_key,
     uses_query,
 )
-from .jsonbody import PLACEHOLDER, Members, entries_span, json_text_with, raw_entries, raw_value
+from .jsonbody import PLACEHOLDER, Members, entries_span, entry_spans, json_text_with, raw_entries, raw_value
 from .npy import StoreError
 from .redact import Redactor
 from .screening import Screening
@@ -432,6 +432,8 @@ ENCODE_ONCE_MIN = 2048
 # Turn texts the retriever remembers (Retriever.turn_texts): two per agent loop
 # when its markers sit in the prefix (as sent, and cut), so 32 loops.
 _TURN_TEXTS = 64
+# Conversations whose walk back to the human turn the retriever remembers (Retriever.turn_tails).
+_TURN_TAILS = 32
 
 
 class _Turn(collections.namedtuple("_Turn", "found query question sent_texts")):
@@ -461,6 +463,7 @@ class Retriever:
         # The raw text of the turns of the latest agent loops, each up to
         # inject.MAX_SEEN_BYTES, with its turn key: a later round's key is a comparison.
         self.turn_texts = _LRU(_TURN_TEXTS)
+        self.turn_tails = _LRU(_TURN_TAILS)
         # A context this long is encoded once for all the rounds of its turn (inject_retrieved).
         self.encode_once_min = ENCODE_ONCE_MIN
         self.disabled_rerankers = {}  # provider name -> why, after a permanent error (the panel shows it)
@@ -565,9 +568,10 @@ class Retriever:
         clock = time.perf_counter
         started = clock()
         in_place = route.inject_mode in _USER_TURN_MODES and uses_query(rag["inject_template"])
-        conversation = Conversation(endpoint, payload)   # its last human turn found once, for all five
+        raw, sent_at, located = self._raw_prefix(exchange)
+        # Its last human turn found once, for all five, from where this conversation's last walk stopped.
+        conversation = Conversation(endpoint, payload, self.turn_tails, located)
         try:
-            raw, sent_at = self._raw_prefix(exchange)
             turn = turn_key(endpoint, payload, raw, self.turn_texts, conversation, sent_at)
             later_round = bool(turn) and continues_turn(endpoint, payload, conversation)
             # Keyed by the key's scope too: a key never gets context retrieved for another.
@@ -626,15 +630,16 @@ class Retriever:
 
     @staticmethod
     def _raw_prefix(exchange):
-        """turn_key's ``raw`` and ``sent_at``: the client's own text of the conversation's
-        first entries, and where it lies in the body as sent (None, None without a body).
+        """turn_key's ``raw`` and ``sent_at`` and Conversation's ``located``: the client's own
+        text of the conversation's first entries, where it lies in the body as sent, and where
+        each entry lies (None, None, None without a body).
 
         The Members they find are left on ``exchange.members`` for the splice
         (jsonbody.with_edits), which needs the same spans; Members the proxy
         found as it parsed the body (jsonbody.json_object_with_members) are used as they are.
         """
         if not isinstance(exchange.request.body, bytes) or not exchange.request.body:
-            return None, None
+            return None, None, None
 
         def members_for(key):
             members, body = exchange.members, exchange.request.body
@@ -645,7 +650,8 @@ class Retriever:
         def raw(key, upto, marked):
             return raw_entries(members_for(key), key, upto, leave_out="cache_control", utf8=True, within=marked)
 
-        return raw, lambda key, upto: entries_span(members_for(key), key, upto)
+        return (raw, lambda key, upto: entries_span(members_for(key), key, upto),
+                lambda key: entry_spans(members_for(key), key))
 
     def _fit(self, found, limit, own_tokens, question, screen):
         """``found`` with whole chunks cut from its end until the request, ``own_tokens``

@@ -652,6 +652,8 @@ def test_request_cpu_counts_the_bytecodes_each_function_runs_and_ranks_what_a_to
     assert not any(name.startswith("Retriever._retrieve ") for name in rows["cached"]["functions"])
     assert not any(name.startswith("turn_key ") for name in rows["pass-round"]["functions"])
     assert rows["cached"]["total"] > rows["pass-round"]["total"]
+    # An agent loop's rounds, one after another: the walk back to the human turn starts where the last stopped.
+    assert function("loop", "_recalled_last_human")[0] > 0
     assert "Retriever.__call__ (_ragproxy/retrieval.py)" in proc.stdout.split("inclusive bytecodes differ most")[1]
     assert "bytecodes per request: pass-round " in proc.stdout
 

@@ -486,6 +486,104 @@ def test_harness_text_after_the_turn_and_prompts_do_not_continue_it():
     assert continues_turn("chat", {"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "x"}]})
 
 
+# -- the walk back to the human turn, remembered across rounds ---------------------
+
+def _located(body):
+    """Conversation's ``located`` over the client's bytes, as the retriever gives it."""
+    return lambda key: jsonbody.entry_spans(jsonbody.Members(body, (key,)), key)
+
+
+class _Poisoned(dict):
+    """An entry the walk must not classify: any read of it fails the test."""
+
+    def get(self, *args):
+        raise AssertionError("an entry an earlier walk classified was classified again")
+
+
+def _next_entries(endpoint, rng, n):
+    """What an agent's next request adds: the model's turns, now and then a person's new words,
+    harness text or an image-only message (neither of which is a human turn)."""
+    roll = rng.random()
+    if endpoint == "responses":
+        if roll < 0.15:
+            return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"now {n}"}]}]
+        if roll < 0.25:
+            return [{"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "<environment_context>\n<cwd>/r</cwd>\n</environment_context>"}]}]
+        return [{"type": "function_call", "call_id": f"c{n}", "name": "shell", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": f"c{n}", "output": f"out {n}\n" * rng.randint(1, 9)}]
+    if endpoint == "messages":
+        if roll < 0.15:
+            return [{"role": "user", "content": [{"type": "text", "text": REMINDER}, {"type": "text", "text": f"q{n}"}]}]
+        if roll < 0.25:
+            return [{"role": "user", "content": [{"type": "text", "text": REMINDER}]}]
+        return [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{n}", "name": "Read", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{n}",
+                                              "content": f"line {n}\n" * rng.randint(1, 9)}]}]
+    if roll < 0.15:
+        return [{"role": "user", "content": f"and then {n}?"}]
+    if roll < 0.25:
+        return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,x"}}]}]
+    return [{"role": "assistant", "content": None, "tool_calls": [{"id": f"c{n}", "type": "function",
+                                                                   "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": f"c{n}", "content": f"out {n}\n" * rng.randint(1, 9)}]
+
+
+@pytest.mark.parametrize("endpoint", sorted(LOOPS))
+def test_a_walk_that_stops_where_the_last_one_did_finds_the_human_turn_a_full_walk_finds(endpoint):
+    """Agent loops of every format, several at once, through many rounds: new human words,
+    harness text, Claude Code's cache mark moved onto the newest message, a conversation
+    cut short (a client compacting it), a non-ASCII body (no spans: the full walk): the
+    remembered walk answers what walking every entry answers, round after round."""
+    build, field = LOOPS[endpoint]
+    rng, tails = random.Random(20261207), _Seen()
+    loops = [build(1) for _ in range(3)]
+    for n in range(400):
+        body = rng.choice(loops)
+        entries = body[field]
+        if rng.random() < 0.05 and len(entries) > 3:
+            del entries[rng.randrange(2, len(entries)):]   # compacted, or edited back
+        if endpoint == "messages":   # the mark moves on to the newest entry
+            for entry in entries:
+                if isinstance(entry.get("content"), list):
+                    for part in entry["content"]:
+                        part.pop("cache_control", None)
+        entries += _next_entries(endpoint, rng, n)
+        if endpoint == "messages" and isinstance(entries[-1]["content"], list):
+            entries[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        encode = CLIENT_ENCODINGS[n % 2]
+        sent = encode(body) if rng.random() > 0.05 else encode(dict(body, model="caf\u00e9")).replace(
+            b"caf\\u00e9", "caf\u00e9".encode())
+        walked = inject.Conversation(endpoint, json.loads(sent), tails, _located(sent)).last_human
+        assert walked == inject.Conversation(endpoint, json.loads(sent)).last_human, n
+    assert tails   # the loops were remembered
+
+
+def test_a_later_round_classifies_only_the_entries_it_added():
+    tails = _Seen()
+    for rounds in range(1, 8):
+        sent = CLIENT_ENCODINGS[0](claude_code_request(rounds))
+        first = inject.Conversation("messages", json.loads(sent), tails, _located(sent)).last_human
+    assert first == 0
+    body = claude_code_request(8)
+    sent = CLIENT_ENCODINGS[0](body)
+    # Every entry the round before left behind its two newest: the walk must stop before them.
+    body["messages"][:-4] = [_Poisoned(m) for m in body["messages"][:-4]]
+    assert inject.Conversation("messages", body, tails, _located(sent)).last_human == 0
+    with pytest.raises(AssertionError, match="classified again"):   # without the memory, the walk reads them
+        inject.Conversation("messages", body).last_human
+    # Cut back to the entries remembered, then a person's new words right after them.
+    cut = claude_code_request(8)
+    cut["messages"][-2:] = [{"role": "user", "content": [{"type": "text", "text": "now the other bug"}]}]
+    sent = CLIENT_ENCODINGS[0](cut)
+    assert inject.Conversation("messages", cut, tails, _located(sent)).last_human == len(cut["messages"]) - 1
+    # The same entries elsewhere (a conversation that differs in them) are walked in full.
+    other = claude_code_request(8)
+    other["messages"][2]["content"][0]["text"] = "Let me look at the parser."
+    sent = CLIENT_ENCODINGS[0](other)
+    assert inject.Conversation("messages", other, tails, _located(sent)).last_human == 0
+
+
 # -- render_context ------------------------------------------------------------
 
 def chunk(i, content, **extra):
