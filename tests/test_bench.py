@@ -638,23 +638,33 @@ def test_request_cpu_counts_the_bytecodes_each_function_runs_and_ranks_what_a_to
     rows = {r["side"]: r for r in report["results"]}
     assert set(rows) == {"pass-round", "cached", "loop"}
 
-    def function(side, qualname):
-        (found,) = [counts for name, counts in rows[side]["functions"].items() if name.startswith(qualname + " (")]
+    qualnames = sys.version_info >= (3, 11)   # co_qualname; before it, the bare name and the first line
+
+    def named(qualname, path):
+        """What the report's name of a function starts with."""
+        return f"{qualname} ({path})" if qualnames else f"{qualname.rsplit('.', 1)[-1]} ({path}:"
+
+    def function(side, qualname, path):
+        (found,) = [counts for name, counts in rows[side]["functions"].items()
+                    if name.startswith(named(qualname, path))]
         return found
 
+    def runs(side, qualname, path):
+        return any(name.startswith(named(qualname, path)) for name in rows[side]["functions"])
+
+    proxy, inject, retrieval = "_ragproxy/proxy.py", "_ragproxy/inject.py", "_ragproxy/retrieval.py"
     for side, row in rows.items():
-        own, inclusive = function(side, "App.handle")
+        own, inclusive = function(side, "App.handle", proxy)
         assert 0 < own < inclusive <= row["total"]   # handle is the request: what it calls is nearly all of it
         assert sum(own for own, _ in row["functions"].values()) == pytest.approx(row["total"])
-        assert function(side, "App.handle")[1] >= function(side, "App._proxy")[1]
+        assert inclusive >= function(side, "App._proxy", proxy)[1]
     # A tool round of a turn already served: the turn key and the splice run, the search does not.
-    assert function("cached", "turn_key")[0] > 0 and function("cached", "Retriever._rewrite")[1] > 0
-    assert not any(name.startswith("Retriever._retrieve ") for name in rows["cached"]["functions"])
-    assert not any(name.startswith("turn_key ") for name in rows["pass-round"]["functions"])
+    assert function("cached", "turn_key", inject)[0] > 0 and function("cached", "Retriever._rewrite", retrieval)[1] > 0
+    assert not runs("cached", "Retriever._retrieve", retrieval) and not runs("pass-round", "turn_key", inject)
     assert rows["cached"]["total"] > rows["pass-round"]["total"]
     # An agent loop's rounds, one after another: the walk back to the human turn starts where the last stopped.
-    assert function("loop", "_recalled_last_human")[0] > 0
-    assert "Retriever.__call__ (_ragproxy/retrieval.py)" in proc.stdout.split("inclusive bytecodes differ most")[1]
+    assert function("loop", "_recalled_last_human", inject)[0] > 0
+    assert named("Retriever.__call__", retrieval) in proc.stdout.split("inclusive bytecodes differ most")[1]
     assert "bytecodes per request: pass-round " in proc.stdout
 
 
