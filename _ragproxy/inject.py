@@ -201,21 +201,19 @@ def _recalled_last_human(endpoint, fmt, seq, located, tails):
     first_start, first_end = spans[0]
     key = (endpoint, body[max(first_start, first_end - _TAIL_KEY):first_end])
     records = tails.get(key) or ()
-    human = floor = None
-    for record in records:
-        i, upto, text = record
-        if upto < len(seq) and body.startswith(text, spans[i][0]):
-            human, floor, known = i, upto, record
-            break
-    for j in range(len(seq) - 1, -1 if floor is None else floor, -1):
+    matched = next((record for record in records
+                    if record[1] < len(seq) and body.startswith(record[2], spans[record[0]][0])), None)
+    human, floor = matched[:2] if matched else (None, -1)
+    for j in range(len(seq) - 1, floor, -1):
         if _is_human(fmt, seq[j]):
             human = j
             break
     upto = len(seq) - 1 - _TAIL_LEAVES_OUT
-    if human is not None and upto >= human and (floor is None or upto > floor or human > floor):
+    # Kept when it reaches past what the matched record knew (a new human turn after it does too).
+    if human is not None and human <= upto and upto > floor:
         start, end = spans[human][0], spans[upto][1]
         if end - start <= MAX_TAIL_BYTES:
-            others = tuple(r for r in records if floor is None or r is not known)
+            others = tuple(record for record in records if record is not matched)
             tails.put(key, ((human, upto, body[start:end]),) + others[:_TAIL_ALTERNATIVES - 1])
     return human
 

@@ -38,6 +38,7 @@ Sides:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import json
@@ -219,19 +220,43 @@ def _context_rounds(rp, helpers, body, members, context):
     return plain, a_round, lambda: a_round(sent_texts=sent_texts)
 
 
-def loop_rounds(body, rounds):
-    """The bodies of ``rounds`` rounds of an agent loop that starts from ``body``: each adds a tool
-    call and its result, the newest carrying the cache mark Claude Code moves on each round."""
+def agent_loop_rounds(scenario, body, rounds, model=None):
+    """The bodies of ``rounds`` rounds of an agent loop on ``body`` (its first request, the human turn
+    last; the first of the bodies) in the scenario's wire format ("claude" or chat), for ``model``
+    (None: the body's): each round the one before with a tool call and its result more, encoded
+    as the body was, so that what a round repeats is byte for byte the same."""
     payload = json.loads(body)
+    if model is not None:
+        payload["model"] = model
+    claude = scenario == "claude"
+    dumps = functools.partial(json.dumps, ensure_ascii=False) if claude else \
+        functools.partial(json.dumps, separators=(",", ":"))
     messages, bodies = payload["messages"], []
     for n in range(rounds):
-        messages += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{n:024d}",
-                                                        "name": "Read", "input": {"path": f"src/m{n}.py"}}]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n:024d}",
-                                                   "content": f"{n}: def f():\n    return {n}\n" * 40}]}]
-        marked = dict(messages[-1], content=[dict(messages[-1]["content"][0], cache_control={"type": "ephemeral"})])
-        bodies.append(json.dumps(dict(payload, messages=messages[:-1] + [marked]), ensure_ascii=False).encode())
+        if n:
+            call_id, output = f"toolu_{n:020d}", f"{n}: def handler(request):\n    return respond(request)\n" * 12
+            if claude:   # Claude Code marks only the newest message for prompt caching
+                messages = [_unmarked(m) for m in messages] + [
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": "Read",
+                                                       "input": {"file_path": f"src/handler_{n}.py"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": output,
+                                                  "cache_control": {"type": "ephemeral"}}]}]
+            else:
+                messages = messages + [
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": call_id, "type": "function",
+                         "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/h{n}.py"})}}]},
+                    {"role": "tool", "tool_call_id": call_id, "content": output}]
+        bodies.append(dumps(dict(payload, messages=messages)).encode("utf-8"))
     return bodies
+
+
+def _unmarked(message):
+    content = message.get("content")
+    if not isinstance(content, list) or not any(isinstance(p, dict) and "cache_control" in p for p in content):
+        return message
+    return dict(message, content=[{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p
+                                  for p in content])
 
 
 def measure(rp, size, repeat, contexts=(), rounds=0):
@@ -258,7 +283,7 @@ def measure(rp, size, repeat, contexts=(), rounds=0):
         sides.update(context_sides(rp, helpers, body, contexts))
     per_call = dict.fromkeys(sides, 1)
     if rounds and helpers.parse_memo is not None:
-        bodies = loop_rounds(body, rounds)
+        bodies = agent_loop_rounds("claude", body, rounds + 1)[1:]   # the rounds after the body
         memo = helpers.parse_memo()
         for sent in bodies:
             if helpers.json_object_with_members(sent, ("messages", "input"), memo)[0] != json.loads(sent):

@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import gc
 import itertools
 import json
@@ -90,6 +89,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import proxy_overhead as po  # noqa: E402
+from request_body import agent_loop_rounds  # noqa: E402
 
 SIDES = ("pass", "rag", "cached", "fresh", "pass-round", "loop", "pass-loop")
 DEFAULT_SIDES = ("pass", "rag", "cached", "fresh")
@@ -106,8 +106,8 @@ def request_body(scenario, side, body_bytes, first=0, loop_rounds=16):
     time (new questions numbered from ``first``; a loop's next round)."""
     model = PASS_MODEL if side in ("pass", "pass-round", "pass-loop") else po.CLAUDE_MODEL
     if side in ("loop", "pass-loop"):
-        rounds = itertools.cycle(loop_bodies(scenario, request_body(scenario, "pass", body_bytes), model,
-                                             loop_rounds))
+        rounds = itertools.cycle(agent_loop_rounds(scenario, request_body(scenario, "pass", body_bytes),
+                                                   loop_rounds, model))
         return lambda: next(rounds)
     tool_round, fresh = side in ("cached", "pass-round"), side == "fresh"
     if scenario == "claude":
@@ -118,43 +118,6 @@ def request_body(scenario, side, body_bytes, first=0, loop_rounds=16):
         sent.count = first
         return lambda: sent().split(b"\r\n\r\n", 1)[1]
     return sent.split(b"\r\n\r\n", 1)[1]
-
-
-def loop_bodies(scenario, body, model, rounds):
-    """The bodies of ``rounds`` rounds of an agent loop on ``body`` (its first request, the human turn
-    last), in the scenario's wire format, for ``model``: each round the one before with a tool call and
-    its result more, encoded as the body was, so that what a round repeats is byte for byte the same."""
-    payload = json.loads(body)
-    payload["model"] = model
-    claude = scenario == "claude"
-    dumps = functools.partial(json.dumps, ensure_ascii=False) if claude else \
-        functools.partial(json.dumps, separators=(",", ":"))
-    messages, bodies = payload["messages"], []
-    for n in range(rounds):
-        if n:
-            call_id, output = f"toolu_{n:020d}", f"{n}: def handler(request):\n    return respond(request)\n" * 12
-            if claude:   # Claude Code marks only the newest message for prompt caching
-                messages = [_unmarked(m) for m in messages] + [
-                    {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": "Read",
-                                                       "input": {"file_path": f"src/handler_{n}.py"}}]},
-                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": output,
-                                                  "cache_control": {"type": "ephemeral"}}]}]
-            else:
-                messages = messages + [
-                    {"role": "assistant", "content": None, "tool_calls": [
-                        {"id": call_id, "type": "function",
-                         "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/h{n}.py"})}}]},
-                    {"role": "tool", "tool_call_id": call_id, "content": output}]
-        bodies.append(dumps(dict(payload, messages=messages)).encode("utf-8"))
-    return bodies
-
-
-def _unmarked(message):
-    content = message.get("content")
-    if not isinstance(content, list) or not any(isinstance(p, dict) and "cache_control" in p for p in content):
-        return message
-    return dict(message, content=[{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p
-                                  for p in content])
 
 
 def _context_switches():
